@@ -1,0 +1,2 @@
+//! The `mla-cache` command line (in progress).
+fn main() {}

@@ -1,0 +1,1 @@
+//! Latent storage formats: CPU reference encoders and decoders (in progress).

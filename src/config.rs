@@ -1,0 +1,458 @@
+//! Cache configuration: geometry, storage format, model presets and the sizes
+//! derived from them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// Storage format of one cached latent (one token of one layer).
+///
+/// The byte layouts are exact; see `codec` and DESIGN.md section 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub enum Dtype {
+    /// 576 bf16 values: 1152 bytes for the DeepSeek geometry.
+    #[default]
+    Bf16 = 0,
+    /// FlashMLA's fp8 layout: e4m3 NoPE with one fp32 scale per 128 values,
+    /// bf16 RoPE: 656 bytes.
+    Fp8DsMla = 1,
+    /// 6-bit E2M3 NoPE with one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
+    Mxfp6 = 2,
+}
+
+impl Dtype {
+    /// Every format, in order of decreasing size.
+    pub const ALL: [Dtype; 3] = [Dtype::Bf16, Dtype::Fp8DsMla, Dtype::Mxfp6];
+
+    /// The format's name as used by the CLI, Python and C surfaces.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp8DsMla => "fp8_ds_mla",
+            Dtype::Mxfp6 => "mxfp6",
+        }
+    }
+
+    /// Values per quantization group of the NoPE part (1 for bf16).
+    pub fn group_size(self) -> usize {
+        match self {
+            Dtype::Bf16 => 1,
+            Dtype::Fp8DsMla => 128,
+            Dtype::Mxfp6 => 32,
+        }
+    }
+
+    /// Bytes one token of one layer takes, or an error if the dims do not fit
+    /// the format (the NoPE width must be a multiple of the group size).
+    pub fn bytes_per_token(self, kv_lora_rank: usize, rope_dim: usize) -> Result<usize> {
+        if kv_lora_rank == 0 {
+            return Err(Error::InvalidConfig("kv_lora_rank must be positive".into()));
+        }
+        let group = self.group_size();
+        if kv_lora_rank % group != 0 {
+            return Err(Error::InvalidConfig(format!(
+                "{} needs kv_lora_rank to be a multiple of {group}, got {kv_lora_rank}",
+                self.name()
+            )));
+        }
+        let rope = 2 * rope_dim;
+        Ok(match self {
+            Dtype::Bf16 => 2 * kv_lora_rank + rope,
+            Dtype::Fp8DsMla => kv_lora_rank + 4 * (kv_lora_rank / group) + rope,
+            Dtype::Mxfp6 => kv_lora_rank * 6 / 8 + kv_lora_rank / group + rope,
+        })
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" | "bfloat16" | "auto" => Ok(Dtype::Bf16),
+            "fp8_ds_mla" | "fp8" => Ok(Dtype::Fp8DsMla),
+            "mxfp6" => Ok(Dtype::Mxfp6),
+            _ => Err(Error::InvalidConfig(format!(
+                "unknown dtype {s:?} (expected bf16, fp8_ds_mla or mxfp6)"
+            ))),
+        }
+    }
+}
+
+/// Which cached free blocks are evicted first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub enum EvictionPolicyKind {
+    /// Least recently freed first (vLLM's order).
+    #[default]
+    Lru = 0,
+}
+
+impl EvictionPolicyKind {
+    /// Every policy.
+    pub const ALL: [EvictionPolicyKind; 1] = [EvictionPolicyKind::Lru];
+
+    /// The policy's name as used by the CLI, Python and C surfaces.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionPolicyKind::Lru => "lru",
+        }
+    }
+}
+
+impl fmt::Display for EvictionPolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EvictionPolicyKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "lru" => Ok(EvictionPolicyKind::Lru),
+            _ => Err(Error::InvalidConfig(format!("unknown eviction policy {s:?} (expected lru)"))),
+        }
+    }
+}
+
+/// The attention geometry of an MLA model, as published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelGeometry {
+    /// Preset name (`deepseek-v3`, ...).
+    pub name: &'static str,
+    /// Transformer layers (each caches one latent per token).
+    pub num_layers: usize,
+    /// Model width.
+    pub hidden_size: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Width of the compressed KV latent (`c_kv`).
+    pub kv_lora_rank: usize,
+    /// Width of the compressed query, if the model compresses queries.
+    pub q_lora_rank: Option<usize>,
+    /// Per-head non-RoPE query/key width.
+    pub qk_nope_head_dim: usize,
+    /// Per-head decoupled RoPE width (shared by all heads in MLA's cache).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value width.
+    pub v_head_dim: usize,
+}
+
+impl ModelGeometry {
+    /// DeepSeek-V2 (236B).
+    pub const DEEPSEEK_V2: ModelGeometry = ModelGeometry {
+        name: "deepseek-v2",
+        num_layers: 60,
+        hidden_size: 5120,
+        num_heads: 128,
+        kv_lora_rank: 512,
+        q_lora_rank: Some(1536),
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    };
+    /// DeepSeek-V2-Lite (16B).
+    pub const DEEPSEEK_V2_LITE: ModelGeometry = ModelGeometry {
+        name: "deepseek-v2-lite",
+        num_layers: 27,
+        hidden_size: 2048,
+        num_heads: 16,
+        kv_lora_rank: 512,
+        q_lora_rank: None,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    };
+    /// DeepSeek-V3 (also R1 and V3.2, which share its attention geometry).
+    pub const DEEPSEEK_V3: ModelGeometry = ModelGeometry {
+        name: "deepseek-v3",
+        num_layers: 61,
+        hidden_size: 7168,
+        num_heads: 128,
+        kv_lora_rank: 512,
+        q_lora_rank: Some(1536),
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    };
+    /// Kimi-K2 (DeepSeek-V3 architecture with 64 heads).
+    pub const KIMI_K2: ModelGeometry = ModelGeometry {
+        name: "kimi-k2",
+        num_layers: 61,
+        hidden_size: 7168,
+        num_heads: 64,
+        kv_lora_rank: 512,
+        q_lora_rank: Some(1536),
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    };
+
+    /// Every preset.
+    pub const ALL: [ModelGeometry; 4] = [
+        Self::DEEPSEEK_V2,
+        Self::DEEPSEEK_V2_LITE,
+        Self::DEEPSEEK_V3,
+        Self::KIMI_K2,
+    ];
+
+    /// Finds a preset by name; `deepseek-r1` and `deepseek-v3.2` map to
+    /// `deepseek-v3`. Case and `_`/`-` are ignored.
+    pub fn preset(name: &str) -> Result<ModelGeometry> {
+        let key = name.to_ascii_lowercase().replace('_', "-");
+        let found = match key.as_str() {
+            "deepseek-v2" => Self::DEEPSEEK_V2,
+            "deepseek-v2-lite" => Self::DEEPSEEK_V2_LITE,
+            "deepseek-v3" | "deepseek-r1" | "deepseek-v3.2" | "deepseek-v3.1" => Self::DEEPSEEK_V3,
+            "kimi-k2" => Self::KIMI_K2,
+            _ => {
+                let names: Vec<&str> = Self::ALL.iter().map(|g| g.name).collect();
+                return Err(Error::InvalidConfig(format!(
+                    "unknown model preset {name:?} (expected one of {}, deepseek-r1, deepseek-v3.2)",
+                    names.join(", ")
+                )));
+            }
+        };
+        Ok(found)
+    }
+
+    /// Elements an MLA layer caches per token: `kv_lora_rank + qk_rope_head_dim`.
+    pub fn mla_elements_per_token(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Per-head width `d_h` of the equivalent standard-attention model (the
+    /// DeepSeek-V2 paper compares against MHA with `d_h = qk_nope_head_dim`).
+    pub fn head_dim(&self) -> usize {
+        self.qk_nope_head_dim
+    }
+
+    /// Elements a multi-head-attention cache would hold per token and layer:
+    /// `2 x heads x head_dim` (32,768 for DeepSeek-V2).
+    pub fn mha_elements_per_token(&self) -> usize {
+        2 * self.num_heads * self.head_dim()
+    }
+
+    /// Elements a grouped-query cache with `groups` KV heads would hold per
+    /// token and layer: `2 x groups x head_dim` (MLA's 576 equal 2.25 groups).
+    pub fn gqa_elements_per_token(&self, groups: usize) -> usize {
+        2 * groups * self.head_dim()
+    }
+}
+
+/// Everything the block manager and the stores need to know.
+///
+/// Fields are public; [`CacheConfig::validate`] (called by every constructor
+/// that takes a config) rejects combinations that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Physical blocks in the cache (shared by all layers).
+    pub num_blocks: usize,
+    /// Tokens per block (FlashMLA needs 64).
+    pub block_size: usize,
+    /// Layers cached per token.
+    pub num_layers: usize,
+    /// Width of the compressed latent `c_kv` (512 for the DeepSeek family).
+    pub kv_lora_rank: usize,
+    /// Width of the decoupled RoPE key (64 for the DeepSeek family).
+    pub rope_dim: usize,
+    /// Storage format.
+    pub dtype: Dtype,
+    /// Share full blocks between requests by prefix hash.
+    pub enable_prefix_caching: bool,
+    /// Order in which cached free blocks are evicted.
+    pub eviction: EvictionPolicyKind,
+    /// Seed of the block hash chain; `None` draws a random one.
+    pub hash_seed: Option<u64>,
+    /// Compare token ids on every prefix hit (no collision risk at all).
+    pub verify_tokens: bool,
+    /// Most blocks that may be pinned at once; `None` means half the cache.
+    pub pin_budget_blocks: Option<usize>,
+    /// Record [`crate::CacheEvent`]s for `take_events`.
+    pub enable_events: bool,
+    /// Cap a prefix hit at `len - 1` tokens on admission, so the last prompt
+    /// token is recomputed to produce logits (vLLM's rule).
+    pub cap_hit_at_last_token: bool,
+}
+
+impl CacheConfig {
+    /// Default block size (FlashMLA's).
+    pub const DEFAULT_BLOCK_SIZE: usize = 64;
+
+    /// A DeepSeek-geometry config (512 + 64, 1 layer, bf16) with `num_blocks`
+    /// blocks of 64 tokens.
+    pub fn new(num_blocks: usize) -> Self {
+        Self {
+            num_blocks,
+            block_size: Self::DEFAULT_BLOCK_SIZE,
+            num_layers: 1,
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            dtype: Dtype::Bf16,
+            enable_prefix_caching: true,
+            eviction: EvictionPolicyKind::Lru,
+            hash_seed: None,
+            verify_tokens: false,
+            pin_budget_blocks: None,
+            enable_events: false,
+            cap_hit_at_last_token: true,
+        }
+    }
+
+    /// A config for a model preset (see [`ModelGeometry::preset`]).
+    pub fn preset(model: &str, num_blocks: usize, dtype: Dtype) -> Result<Self> {
+        let g = ModelGeometry::preset(model)?;
+        Ok(Self::for_model(&g, num_blocks, dtype))
+    }
+
+    /// A config for a model geometry.
+    pub fn for_model(model: &ModelGeometry, num_blocks: usize, dtype: Dtype) -> Self {
+        Self {
+            num_layers: model.num_layers,
+            kv_lora_rank: model.kv_lora_rank,
+            rope_dim: model.qk_rope_head_dim,
+            dtype,
+            ..Self::new(num_blocks)
+        }
+    }
+
+    /// Checks that the configuration describes a usable cache.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |m: String| Err(Error::InvalidConfig(m));
+        if self.num_blocks == 0 {
+            return invalid("num_blocks must be positive".into());
+        }
+        if self.num_blocks > u32::MAX as usize - 1 {
+            return invalid(format!("num_blocks {} exceeds {}", self.num_blocks, u32::MAX - 1));
+        }
+        if self.block_size == 0 {
+            return invalid("block_size must be positive".into());
+        }
+        if self.num_blocks.checked_mul(self.block_size).is_none_or(|t| t > i64::MAX as usize) {
+            return invalid("num_blocks x block_size overflows a slot number".into());
+        }
+        if self.num_layers == 0 {
+            return invalid("num_layers must be positive".into());
+        }
+        self.dtype.bytes_per_token(self.kv_lora_rank, self.rope_dim)?;
+        if let Some(budget) = self.pin_budget_blocks {
+            if budget > self.num_blocks {
+                return invalid(format!(
+                    "pin_budget_blocks {budget} exceeds num_blocks {}",
+                    self.num_blocks
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements cached per token and layer (`kv_lora_rank + rope_dim`).
+    pub fn elements_per_token(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+
+    /// Bytes one token takes in one layer. Panics on an invalid config;
+    /// call [`CacheConfig::validate`] first.
+    pub fn bytes_per_token_per_layer(&self) -> usize {
+        self.dtype
+            .bytes_per_token(self.kv_lora_rank, self.rope_dim)
+            .expect("validated config")
+    }
+
+    /// Bytes one token takes over all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token_per_layer() * self.num_layers
+    }
+
+    /// Bytes one block takes in one layer.
+    pub fn bytes_per_block_per_layer(&self) -> usize {
+        self.bytes_per_token_per_layer() * self.block_size
+    }
+
+    /// Bytes one block takes over all layers.
+    pub fn bytes_per_block(&self) -> usize {
+        self.bytes_per_block_per_layer() * self.num_layers
+    }
+
+    /// Bytes the whole cache takes over all layers.
+    pub fn total_bytes(&self) -> usize {
+        self.bytes_per_block() * self.num_blocks
+    }
+
+    /// Tokens the cache can hold.
+    pub fn num_tokens(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// How many blocks (all layers) fit in `bytes`.
+    pub fn blocks_for_bytes(&self, bytes: u64) -> usize {
+        (bytes / self.bytes_per_block() as u64) as usize
+    }
+
+    /// Pinned-block budget in effect.
+    pub fn pin_budget(&self) -> usize {
+        self.pin_budget_blocks.unwrap_or(self.num_blocks / 2)
+    }
+}
+
+impl Default for CacheConfig {
+    /// 1,024 blocks of the DeepSeek geometry.
+    fn default() -> Self {
+        Self::new(1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_sizes_match_the_design() {
+        assert_eq!(Dtype::Bf16.bytes_per_token(512, 64).unwrap(), 1152);
+        assert_eq!(Dtype::Fp8DsMla.bytes_per_token(512, 64).unwrap(), 656);
+        assert_eq!(Dtype::Mxfp6.bytes_per_token(512, 64).unwrap(), 528);
+    }
+
+    #[test]
+    fn deepseek_v3_fp8_is_40016_bytes_per_token() {
+        let c = CacheConfig::preset("deepseek-r1", 16, Dtype::Fp8DsMla).unwrap();
+        assert_eq!(c.bytes_per_token(), 61 * 656);
+        assert_eq!(c.bytes_per_token(), 40_016);
+        assert_eq!(c.bytes_per_block(), 40_016 * 64);
+        assert_eq!(c.blocks_for_bytes(40_016 * 64 * 3 + 5), 3);
+    }
+
+    #[test]
+    fn invalid_configs_are_errors_with_a_message() {
+        let mut c = CacheConfig::new(0);
+        assert!(c.validate().unwrap_err().to_string().contains("num_blocks"));
+        c.num_blocks = 4;
+        c.block_size = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("block_size"));
+        c.block_size = 64;
+        c.kv_lora_rank = 500;
+        c.dtype = Dtype::Fp8DsMla;
+        assert!(c.validate().unwrap_err().to_string().contains("multiple of 128"));
+        c.dtype = Dtype::Bf16;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn mha_and_gqa_comparisons() {
+        let v2 = ModelGeometry::DEEPSEEK_V2;
+        assert_eq!(v2.mla_elements_per_token(), 576);
+        assert_eq!(v2.mha_elements_per_token(), 32_768);
+        assert_eq!(v2.gqa_elements_per_token(8), 2 * 8 * 128);
+        assert!(ModelGeometry::preset("gpt-4").is_err());
+    }
+}

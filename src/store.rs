@@ -1,0 +1,1 @@
+//! Latent stores on host and GPU memory (in progress).
