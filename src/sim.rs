@@ -1,1 +1,0 @@
-//! Workload replay through the block manager (in progress).

@@ -1,0 +1,170 @@
+//! A synthetic multi-turn chat workload with shared system prompts.
+//!
+//! Conversations start as a Poisson process. Each picks one of a few system
+//! prompts (uniformly), then runs several turns: every turn's prompt is the
+//! whole conversation so far (system prompt, earlier user messages and
+//! answers) plus a new user message. Turns of one conversation arrive a
+//! uniformly drawn gap apart.
+//!
+//! The workload is expressed as a Mooncake trace (see [`super::trace`]):
+//! system prompts are whole 512-token hash blocks, shared by every
+//! conversation that uses them; a conversation's own blocks get fresh hash
+//! ids, and a block that a later turn extends keeps its id (its earlier
+//! tokens are unchanged). With the trace's token rule the answer tokens that
+//! fall inside the prompt's last block are exactly the tokens the next turn
+//! sends, so follow-ups also hit blocks filled during decode.
+//!
+//! Everything derives from [`ChatConfig`] and the seed through
+//! SplitMix64, so a seed names one workload on every platform.
+
+use super::rng::SplitMix64;
+use super::trace::{Trace, TraceRequest, HASH_BLOCK_TOKENS};
+
+/// Shape of the chat workload. Ranges are inclusive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatConfig {
+    /// Conversations to generate.
+    pub conversations: usize,
+    /// Distinct system prompts shared between conversations.
+    pub system_prompts: usize,
+    /// System prompt length in 512-token blocks.
+    pub system_prompt_blocks: (u64, u64),
+    /// Turns per conversation.
+    pub turns: (u64, u64),
+    /// Tokens of each user message.
+    pub user_tokens: (u64, u64),
+    /// Tokens of each answer.
+    pub output_tokens: (u64, u64),
+    /// Mean time between conversation starts, in milliseconds.
+    pub mean_interarrival_ms: f64,
+    /// Time between the arrivals of two turns of a conversation, in milliseconds.
+    pub turn_gap_ms: (u64, u64),
+}
+
+impl Default for ChatConfig {
+    /// 1,000 conversations starting twice a second, 1 to 10 turns each, over
+    /// 8 system prompts of 512 to 4,096 tokens; user messages of 16 to 1,024
+    /// tokens, answers of 16 to 512, turns 5 to 60 seconds apart.
+    fn default() -> Self {
+        Self {
+            conversations: 1000,
+            system_prompts: 8,
+            system_prompt_blocks: (1, 8),
+            turns: (1, 10),
+            user_tokens: (16, 1024),
+            output_tokens: (16, 512),
+            mean_interarrival_ms: 500.0,
+            turn_gap_ms: (5_000, 60_000),
+        }
+    }
+}
+
+/// A growing conversation: its length in tokens and its hash ids.
+struct History {
+    len: usize,
+    hash_ids: Vec<u64>,
+}
+
+impl History {
+    /// Appends `n` tokens, filling the last block before opening new ones.
+    fn extend(&mut self, n: usize, next_id: &mut u64) {
+        self.len += n;
+        while self.hash_ids.len() < self.len.div_ceil(HASH_BLOCK_TOKENS) {
+            self.hash_ids.push(*next_id);
+            *next_id += 1;
+        }
+    }
+}
+
+impl ChatConfig {
+    /// Generates the workload for `seed`, in arrival order.
+    pub fn generate(&self, seed: u64) -> Trace {
+        let mut rng = SplitMix64::new(seed);
+        let mut next_id = 0u64;
+        let systems: Vec<Vec<u64>> = (0..self.system_prompts.max(1))
+            .map(|_| {
+                let (lo, hi) = self.system_prompt_blocks;
+                let n = rng.range(lo, hi);
+                let ids = (next_id..next_id + n).collect();
+                next_id += n;
+                ids
+            })
+            .collect();
+        let mut requests = Vec::new();
+        let mut start_ms = 0.0f64;
+        for _ in 0..self.conversations {
+            start_ms += rng.exponential(self.mean_interarrival_ms);
+            let system = &systems[rng.range(0, systems.len() as u64 - 1) as usize];
+            let mut history = History { len: system.len() * HASH_BLOCK_TOKENS, hash_ids: system.clone() };
+            let mut arrival = start_ms.round() as u64;
+            for turn in 0..rng.range(self.turns.0, self.turns.1) {
+                if turn > 0 {
+                    arrival += rng.range(self.turn_gap_ms.0, self.turn_gap_ms.1);
+                }
+                let user = rng.range(self.user_tokens.0, self.user_tokens.1) as usize;
+                history.extend(user, &mut next_id);
+                let output = rng.range(self.output_tokens.0, self.output_tokens.1) as usize;
+                requests.push(TraceRequest {
+                    timestamp: arrival,
+                    input_length: history.len,
+                    output_length: output,
+                    hash_ids: history.hash_ids.clone(),
+                });
+                history.extend(output, &mut next_id);
+            }
+        }
+        requests.sort_by_key(|r| r.timestamp);
+        Trace { requests, skipped: Vec::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> ChatConfig {
+        ChatConfig { conversations: 50, ..ChatConfig::default() }
+    }
+
+    #[test]
+    fn the_seed_names_one_workload() {
+        assert_eq!(small().generate(1), small().generate(1));
+        assert_ne!(small().generate(1), small().generate(2));
+    }
+
+    #[test]
+    fn every_request_is_a_valid_trace_line_in_arrival_order() {
+        let t = small().generate(3);
+        assert!(t.requests.len() >= 50);
+        assert!(t.requests.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+        for r in &t.requests {
+            r.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn follow_ups_extend_their_previous_turn_token_for_token() {
+        let cfg = ChatConfig { conversations: 1, turns: (4, 4), ..ChatConfig::default() };
+        let t = cfg.generate(9);
+        assert_eq!(t.requests.len(), 4);
+        for w in t.requests.windows(2) {
+            let (prev, next) = (&w[0], &w[1]);
+            assert!(next.input_length > prev.input_length + prev.output_length);
+            // The next prompt starts with the previous prompt and the part of
+            // its answer that falls inside the previous prompt's last block.
+            let shared = prev.hash_ids.len() * HASH_BLOCK_TOKENS;
+            let shared = shared.min(prev.input_length + prev.output_length);
+            for p in 0..shared {
+                assert_eq!(prev.token_at(p), next.token_at(p), "position {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn conversations_share_their_system_prompt_blocks() {
+        let cfg = ChatConfig { conversations: 20, system_prompts: 1, ..ChatConfig::default() };
+        let t = cfg.generate(5);
+        let first = t.requests[0].hash_ids[0];
+        assert!(t.requests.iter().all(|r| r.hash_ids[0] == first));
+    }
+}

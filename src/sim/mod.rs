@@ -1,0 +1,1 @@
+//! Workload replay through the block manager.
