@@ -120,7 +120,9 @@ impl FromStr for EvictionPolicyKind {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "lru" => Ok(EvictionPolicyKind::Lru),
-            _ => Err(Error::InvalidConfig(format!("unknown eviction policy {s:?} (expected lru)"))),
+            _ => Err(Error::InvalidConfig(format!(
+                "unknown eviction policy {s:?} (expected lru)"
+            ))),
         }
     }
 }
@@ -333,18 +335,27 @@ impl CacheConfig {
             return invalid("num_blocks must be positive".into());
         }
         if self.num_blocks > u32::MAX as usize - 1 {
-            return invalid(format!("num_blocks {} exceeds {}", self.num_blocks, u32::MAX - 1));
+            return invalid(format!(
+                "num_blocks {} exceeds {}",
+                self.num_blocks,
+                u32::MAX - 1
+            ));
         }
         if self.block_size == 0 {
             return invalid("block_size must be positive".into());
         }
-        if self.num_blocks.checked_mul(self.block_size).is_none_or(|t| t > i64::MAX as usize) {
+        if self
+            .num_blocks
+            .checked_mul(self.block_size)
+            .is_none_or(|t| t > i64::MAX as usize)
+        {
             return invalid("num_blocks x block_size overflows a slot number".into());
         }
         if self.num_layers == 0 {
             return invalid("num_layers must be positive".into());
         }
-        self.dtype.bytes_per_token(self.kv_lora_rank, self.rope_dim)?;
+        self.dtype
+            .bytes_per_token(self.kv_lora_rank, self.rope_dim)?;
         if let Some(budget) = self.pin_budget_blocks {
             if budget > self.num_blocks {
                 return invalid(format!(
@@ -442,7 +453,11 @@ mod tests {
         c.block_size = 64;
         c.kv_lora_rank = 500;
         c.dtype = Dtype::Fp8DsMla;
-        assert!(c.validate().unwrap_err().to_string().contains("multiple of 128"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 128"));
         c.dtype = Dtype::Bf16;
         assert!(c.validate().is_ok());
     }

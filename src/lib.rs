@@ -10,16 +10,56 @@
 //! - [`codec`] and [`store`]: the latent storage formats (`bf16`,
 //!   `fp8_ds_mla`, `mxfp6`) and stores on host and GPU memory.
 //!
+//! ```
+//! use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Dtype};
+//!
+//! let config = CacheConfig::preset("deepseek-v3", 1024, Dtype::Fp8DsMla)?;
+//! assert_eq!(config.bytes_per_token(), 61 * 656);
+//! let manager = BlockManager::new(config)?;
+//!
+//! // A 200-token prompt with room for 56 generated tokens: 4 blocks of 64.
+//! let prompt: Vec<u32> = (0..200).collect();
+//! let a = manager.admit(1, &prompt, &AdmitOptions::decode_slots(56))?;
+//! assert_eq!(a.block_ids.len(), 4);
+//! assert_eq!(a.num_cached_tokens, 0);
+//!
+//! // A second request with the same prompt reuses its 3 full blocks.
+//! let b = manager.admit(2, &prompt, &AdmitOptions::default())?;
+//! assert_eq!(b.num_cached_tokens, 192);
+//! assert_eq!(b.block_ids[..3], a.block_ids[..3]);
+//!
+//! // Slot numbers for the engine's attention kernels.
+//! let slots = manager.slot_mapping(1, 0..2)?;
+//! assert_eq!(slots[0], a.block_ids[0] as i64 * 64);
+//!
+//! manager.free(1)?;
+//! manager.free(2)?;
+//! assert_eq!(manager.num_free_blocks(), 1024);
+//! # Ok::<(), mla_cache::Error>(())
+//! ```
+
 #![warn(missing_docs)]
 
 pub mod codec;
 pub mod config;
 pub mod error;
+mod events;
+mod hash;
+mod index;
+mod manager;
+mod policy;
 pub mod sim;
+mod stats;
 pub mod store;
+mod sync;
 
 pub use config::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 pub use error::{Error, Result};
+pub use events::CacheEvent;
+pub use hash::{BlockHash, ExtraKeys, MultiModalKey};
+pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager, PrefixMatch};
+pub use policy::EvictionPolicy;
+pub use stats::CacheStats;
 
 /// Index of a physical block, `0..num_blocks`, the same in every layer.
 pub type BlockId = u32;

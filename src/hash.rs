@@ -1,0 +1,245 @@
+//! Prefix hashing: chained, seeded 128-bit xxh3 over full blocks.
+//!
+//! ```text
+//!   root = H(seed, "mla_cache root")
+//!   h[0] = H(seed, root   | tokens[0..B)   | adapter | salt | mm keys in block 0)
+//!   h[1] = H(seed, h[0]   | tokens[B..2B)  | adapter |        mm keys in block 1)
+//!   ...
+//! ```
+//! A block's hash names its tokens *and every token before it*, so equal
+//! hashes mean equal prefixes. The salt enters the first block only and, by
+//! chaining, every later one: two salts never share a block.
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
+
+use crate::TokenId;
+
+/// The 128-bit hash of a full block and its whole prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u128);
+
+/// Keys beyond the token ids that decide whether two blocks may be shared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtraKeys {
+    /// LoRA adapter (or any model variant) the KV was computed with; enters every block.
+    pub adapter: Option<String>,
+    /// Cache salt for tenant isolation; enters the first block (and so all).
+    pub salt: Option<String>,
+    /// Multimodal inputs: each enters every block its placeholder tokens overlap.
+    pub mm: Vec<MultiModalKey>,
+}
+
+/// A multimodal input (an image, say) whose placeholder tokens occupy
+/// `offset..offset + length` of the prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultiModalKey {
+    /// Content hash of the input (any string, e.g. a hex digest).
+    pub hash: String,
+    /// First placeholder token.
+    pub offset: usize,
+    /// Number of placeholder tokens.
+    pub length: usize,
+}
+
+impl ExtraKeys {
+    /// Keys with only an adapter.
+    pub fn adapter(name: impl Into<String>) -> Self {
+        Self {
+            adapter: Some(name.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Keys with only a cache salt.
+    pub fn salt(salt: impl Into<String>) -> Self {
+        Self {
+            salt: Some(salt.into()),
+            ..Self::default()
+        }
+    }
+
+    /// True when no extra key is set.
+    pub fn is_empty(&self) -> bool {
+        self.adapter.is_none() && self.salt.is_none() && self.mm.is_empty()
+    }
+}
+
+/// [`ExtraKeys`] reduced to what the hash chain consumes, computed once per request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyDigest {
+    adapter: Option<u64>,
+    salt: Option<u64>,
+    /// (digest, first token, end token) of each multimodal input.
+    mm: Vec<(u64, usize, usize)>,
+    /// The adapter's name, carried into events.
+    pub(crate) adapter_name: Option<Arc<str>>,
+}
+
+const TAG_ADAPTER: u8 = 1;
+const TAG_SALT: u8 = 2;
+const TAG_MM: u8 = 3;
+
+/// Computes block hashes for one manager (one seed).
+#[derive(Debug, Clone)]
+pub(crate) struct Hasher {
+    seed: u64,
+    root: BlockHash,
+    block_size: usize,
+}
+
+impl Hasher {
+    pub(crate) fn new(seed: u64, block_size: usize) -> Self {
+        let root = BlockHash(xxh3_128_with_seed(b"mla_cache root", seed));
+        Self {
+            seed,
+            root,
+            block_size,
+        }
+    }
+
+    /// The parent of the first block.
+    pub(crate) fn root(&self) -> BlockHash {
+        self.root
+    }
+
+    pub(crate) fn digest(&self, keys: &ExtraKeys) -> KeyDigest {
+        let h = |s: &str| xxh3_64_with_seed(s.as_bytes(), self.seed);
+        KeyDigest {
+            adapter: keys.adapter.as_deref().map(h),
+            salt: keys.salt.as_deref().map(h),
+            mm: keys
+                .mm
+                .iter()
+                .map(|m| (h(&m.hash), m.offset, m.offset.saturating_add(m.length)))
+                .collect(),
+            adapter_name: keys.adapter.as_deref().map(Arc::from),
+        }
+    }
+
+    /// Hash of block `index` (its `block_size` tokens) after `parent`.
+    pub(crate) fn block(
+        &self,
+        parent: BlockHash,
+        index: usize,
+        tokens: &[TokenId],
+        keys: &KeyDigest,
+        buf: &mut Vec<u8>,
+    ) -> BlockHash {
+        debug_assert_eq!(tokens.len(), self.block_size);
+        buf.clear();
+        buf.extend_from_slice(&parent.0.to_le_bytes());
+        extend_le(buf, tokens);
+        if let Some(a) = keys.adapter {
+            buf.push(TAG_ADAPTER);
+            buf.extend_from_slice(&a.to_le_bytes());
+        }
+        if let (0, Some(s)) = (index, keys.salt) {
+            buf.push(TAG_SALT);
+            buf.extend_from_slice(&s.to_le_bytes());
+        }
+        let (start, end) = (index * self.block_size, (index + 1) * self.block_size);
+        for &(digest, first, last) in &keys.mm {
+            if first < end && last > start {
+                buf.push(TAG_MM);
+                buf.extend_from_slice(&digest.to_le_bytes());
+                buf.extend_from_slice(&(first as u64).to_le_bytes());
+            }
+        }
+        BlockHash(xxh3_128_with_seed(buf, self.seed))
+    }
+
+    /// Appends to `out` the hashes of full blocks `out.len()..` of `tokens`,
+    /// up to `limit` blocks in all.
+    pub(crate) fn extend_chain(
+        &self,
+        tokens: &[TokenId],
+        keys: &KeyDigest,
+        limit: usize,
+        out: &mut Vec<BlockHash>,
+        buf: &mut Vec<u8>,
+    ) {
+        let full = (tokens.len() / self.block_size).min(limit);
+        for i in out.len()..full {
+            let parent = if i == 0 { self.root } else { out[i - 1] };
+            let block = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            out.push(self.block(parent, i, block, keys, buf));
+        }
+    }
+}
+
+/// Appends the tokens' little-endian bytes.
+fn extend_le(buf: &mut Vec<u8>, tokens: &[TokenId]) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: u32 has no padding and any byte is a valid u8; the slice
+        // covers exactly the tokens' memory.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
+        };
+        buf.extend_from_slice(bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
+    for t in tokens {
+        buf.extend_from_slice(&t.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(h: &Hasher, tokens: &[u32], keys: &ExtraKeys) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        h.extend_chain(
+            tokens,
+            &h.digest(keys),
+            usize::MAX,
+            &mut out,
+            &mut Vec::new(),
+        );
+        out
+    }
+
+    #[test]
+    fn only_full_blocks_are_hashed_and_the_chain_is_prefix_stable() {
+        let h = Hasher::new(7, 4);
+        let a = chain(&h, &[1, 2, 3, 4, 5, 6, 7, 8, 9], &ExtraKeys::default());
+        assert_eq!(a.len(), 2);
+        let b = chain(&h, &[1, 2, 3, 4, 5, 6, 7, 0], &ExtraKeys::default());
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        // Same block tokens after a different prefix hash differently.
+        let c = chain(&h, &[9, 9, 9, 9, 5, 6, 7, 8], &ExtraKeys::default());
+        assert_ne!(a[1], c[1]);
+    }
+
+    #[test]
+    fn seeds_adapters_salts_and_images_separate_chains() {
+        let tokens: Vec<u32> = (0..8).collect();
+        let h = Hasher::new(1, 4);
+        let base = chain(&h, &tokens, &ExtraKeys::default());
+        assert_ne!(
+            base,
+            chain(&Hasher::new(2, 4), &tokens, &ExtraKeys::default())
+        );
+        let lora = chain(&h, &tokens, &ExtraKeys::adapter("a"));
+        assert_ne!(base[0], lora[0]);
+        assert_ne!(lora, chain(&h, &tokens, &ExtraKeys::adapter("b")));
+        let salted = chain(&h, &tokens, &ExtraKeys::salt("tenant"));
+        assert!(salted.iter().zip(&base).all(|(s, b)| s != b));
+        let image = |hash: &str| ExtraKeys {
+            mm: vec![MultiModalKey {
+                hash: hash.into(),
+                offset: 5,
+                length: 2,
+            }],
+            ..ExtraKeys::default()
+        };
+        let img = chain(&h, &tokens, &image("cat"));
+        assert_eq!(img[0], base[0], "image starts in block 1");
+        assert_ne!(img[1], base[1]);
+        assert_ne!(img[1], chain(&h, &tokens, &image("dog"))[1]);
+    }
+}

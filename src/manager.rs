@@ -1,0 +1,795 @@
+//! The block manager: who holds which block, which blocks are shared, and
+//! which are reused next.
+//!
+//! ```text
+//!            admit / append / fork                      free (tail first)
+//!   free ───────────────────────────────▶ in use ───────────────────────────▶ free
+//!    │  unhashed list (reused first)       ref_count > 0                       │
+//!    │  policy's evictable set (cached)    full computed blocks indexed        │
+//!    └──────────── a prefix hit revives a cached free block ◀──────────────────┘
+//! ```
+//!
+//! Ownership rules:
+//! - a block is free (ref count 0, in exactly one of the unhashed list and the
+//!   policy's evictable set) or in use (ref count = tables holding it + pins);
+//! - only full, computed blocks are hashed; a hashed block is in the prefix
+//!   index, and no two blocks are indexed under one hash (a duplicate stays
+//!   unhashed and is freed as such);
+//! - full blocks are immutable; a shared partial tail is copied on write.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use crate::config::{CacheConfig, EvictionPolicyKind};
+use crate::error::{Error, Result};
+use crate::events::CacheEvent;
+use crate::hash::{BlockHash, ExtraKeys, Hasher, KeyDigest};
+use crate::index::PrefixIndex;
+use crate::policy::{EvictionPolicy, IdList, Lru};
+use crate::stats::CacheStats;
+use crate::sync::Mutex;
+use crate::{BlockId, RequestId, TokenId};
+
+/// How a request is admitted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmitOptions {
+    /// Extra token slots to reserve beyond the prompt (for decoding).
+    pub decode_slots: usize,
+    /// Keys beyond the token ids (adapter, salt, multimodal inputs).
+    pub keys: ExtraKeys,
+    /// The engine computes the prompt in chunks and reports progress with
+    /// [`BlockManager::commit`]; until then, uncomputed blocks are never
+    /// served to another request. When false, the whole prompt counts as
+    /// computed once admitted (an unchunked prefill), and so does every
+    /// appended token.
+    pub chunked_prefill: bool,
+}
+
+impl AdmitOptions {
+    /// Options reserving `n` decode slots.
+    pub fn decode_slots(n: usize) -> Self {
+        Self {
+            decode_slots: n,
+            ..Self::default()
+        }
+    }
+}
+
+/// The outcome of [`BlockManager::admit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The request's block table.
+    pub block_ids: Vec<BlockId>,
+    /// Leading prompt tokens whose KV is already cached.
+    pub num_cached_tokens: usize,
+}
+
+/// The outcome of [`BlockManager::match_prefix`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Cached blocks of the longest cached prefix.
+    pub block_ids: Vec<BlockId>,
+    /// Tokens they cover.
+    pub num_tokens: usize,
+}
+
+/// A block copy the engine must perform before writing (copy-on-write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct BlockCopy {
+    /// Block to copy from (still shared with other requests).
+    pub src: BlockId,
+    /// Fresh block that replaces `src` in the appending request's table.
+    pub dst: BlockId,
+}
+
+/// The outcome of [`BlockManager::append`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendOutcome {
+    /// Blocks added to the end of the request's table.
+    pub new_block_ids: Vec<BlockId>,
+    /// Copies to perform before writing the new tokens.
+    pub copies: Vec<BlockCopy>,
+}
+
+/// A paged MLA cache's bookkeeping: allocation, prefix sharing,
+/// copy-on-write, pinning and eviction. `Send + Sync`: share it with `Arc`.
+///
+/// Every failing call returns an [`Error`] and changes nothing.
+#[derive(Debug)]
+pub struct BlockManager {
+    config: CacheConfig,
+    hasher: Hasher,
+    index: PrefixIndex,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Block {
+    /// Tables holding the block, plus pins.
+    ref_count: u32,
+    /// Pins (each also holds a reference).
+    pins: u32,
+    /// Set while the block is in the prefix index under this hash.
+    hash: Option<BlockHash>,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    tokens: Vec<TokenId>,
+    blocks: Vec<BlockId>,
+    /// Hashes of the leading full computed blocks (indexed or duplicate).
+    hashes: Vec<BlockHash>,
+    num_computed: usize,
+    chunked: bool,
+    keys: Arc<KeyDigest>,
+}
+
+#[derive(Debug)]
+struct State {
+    blocks: Vec<Block>,
+    unhashed: IdList,
+    policy: Box<dyn EvictionPolicy>,
+    num_free: usize,
+    num_pinned: usize,
+    requests: FxHashMap<RequestId, Request>,
+    stats: CacheStats,
+    events: Vec<CacheEvent>,
+    buf: Vec<u8>,
+}
+
+impl BlockManager {
+    /// A manager for `config`, with the policy the config names.
+    pub fn new(config: CacheConfig) -> Result<Self> {
+        config.validate()?;
+        let policy: Box<dyn EvictionPolicy> = match config.eviction {
+            EvictionPolicyKind::Lru => Box::new(Lru::new(config.num_blocks)),
+        };
+        Self::with_policy(config, policy)
+    }
+
+    /// A manager with a caller-supplied eviction policy.
+    pub fn with_policy(config: CacheConfig, policy: Box<dyn EvictionPolicy>) -> Result<Self> {
+        config.validate()?;
+        if !policy.is_empty() {
+            return Err(Error::InvalidConfig(
+                "the eviction policy must start empty".into(),
+            ));
+        }
+        let n = config.num_blocks;
+        let mut unhashed = IdList::new(n);
+        for b in 0..n as BlockId {
+            unhashed.push_back(b);
+        }
+        let seed = config.hash_seed.unwrap_or_else(random_seed);
+        let state = State {
+            blocks: vec![Block::default(); n],
+            unhashed,
+            policy,
+            num_free: n,
+            num_pinned: 0,
+            requests: FxHashMap::default(),
+            stats: CacheStats {
+                num_blocks: n as u64,
+                ..CacheStats::default()
+            },
+            events: Vec::new(),
+            buf: Vec::new(),
+        };
+        Ok(Self {
+            hasher: Hasher::new(seed, config.block_size),
+            config,
+            index: PrefixIndex::new(),
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.block_size)
+    }
+
+    /// Hashes of the full blocks of `tokens` (none without prefix caching).
+    fn chain(&self, tokens: &[TokenId], keys: &KeyDigest) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        if self.config.enable_prefix_caching {
+            let mut buf = Vec::with_capacity(16 + 4 * self.config.block_size + 64);
+            self.hasher
+                .extend_chain(tokens, keys, usize::MAX, &mut out, &mut buf);
+        }
+        out
+    }
+
+    /// Block `i`'s tokens, when the index verifies tokens.
+    fn verify<'t>(&self, tokens: &'t [TokenId], i: usize) -> Option<&'t [TokenId]> {
+        let bs = self.config.block_size;
+        self.config
+            .verify_tokens
+            .then(|| &tokens[i * bs..(i + 1) * bs])
+    }
+
+    /// Leading blocks of `hashes` found in the index, at most `limit`.
+    fn lookup(&self, tokens: &[TokenId], hashes: &[BlockHash], limit: usize) -> Vec<BlockId> {
+        hashes
+            .iter()
+            .take(limit)
+            .enumerate()
+            .map_while(|(i, h)| self.index.get(*h, self.verify(tokens, i)))
+            .collect()
+    }
+
+    /// Admits request `id` with its prompt `tokens`, reusing the longest
+    /// cached prefix (capped at `len - 1` tokens by default) and reserving
+    /// `opts.decode_slots` more slots. All or nothing: it holds exactly
+    /// `ceil((len + decode_slots) / block_size)` blocks, or fails with
+    /// [`Error::OutOfBlocks`] (fits later) or [`Error::RequestTooLarge`]
+    /// (never fits) and changes nothing.
+    pub fn admit(
+        &self,
+        id: RequestId,
+        tokens: &[TokenId],
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyInput(
+                "a request needs at least one prompt token",
+            ));
+        }
+        let slots = tokens
+            .len()
+            .checked_add(opts.decode_slots)
+            .ok_or_else(|| Error::InvalidArgument("prompt + decode slots overflow".into()))?;
+        let needed = self.blocks_for(slots);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let keys = self.hasher.digest(&opts.keys);
+        let hashes = self.chain(tokens, &keys);
+        let bs = self.config.block_size;
+        let hit_limit = if self.config.cap_hit_at_last_token {
+            (tokens.len() - 1) / bs
+        } else {
+            hashes.len()
+        };
+
+        let mut st = self.state.lock();
+        if st.requests.contains_key(&id) {
+            return Err(Error::DuplicateRequest(id));
+        }
+        let hits = self.lookup(tokens, &hashes, hit_limit);
+        let reviving = hits
+            .iter()
+            .filter(|&&b| st.blocks[b as usize].ref_count == 0)
+            .count();
+        let fresh = needed - hits.len();
+        let available = st.num_free - reviving;
+        if fresh > available {
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available,
+            });
+        }
+
+        let mut blocks = Vec::with_capacity(needed);
+        for &b in &hits {
+            st.acquire(b);
+            st.policy.on_hit(b);
+            blocks.push(b);
+        }
+        for _ in 0..fresh {
+            let b = self.allocate(&mut st);
+            blocks.push(b);
+        }
+        let cached = hits.len() * bs;
+        st.stats.prefix_query_tokens += tokens.len() as u64;
+        st.stats.prefix_hit_tokens += cached as u64;
+        st.stats.prefix_query_requests += 1;
+        st.stats.prefix_hit_requests += u64::from(cached > 0);
+        st.stats.num_requests += 1;
+
+        let mut request = Request {
+            tokens: tokens.to_vec(),
+            blocks,
+            hashes,
+            num_computed: if opts.chunked_prefill {
+                cached
+            } else {
+                tokens.len()
+            },
+            chunked: opts.chunked_prefill,
+            keys: Arc::new(keys),
+        };
+        // The precomputed chain is kept only up to what is hashed and indexed below.
+        let mut chain = std::mem::take(&mut request.hashes);
+        chain.truncate(request.num_computed / bs);
+        self.index_blocks(&mut st, &mut request, Some(&chain));
+        let admission = Admission {
+            block_ids: request.blocks.clone(),
+            num_cached_tokens: cached,
+        };
+        st.requests.insert(id, request);
+        Ok(admission)
+    }
+
+    /// Longest cached prefix of `tokens` under `keys`, without admitting
+    /// anything or taking references: the blocks may be evicted right after.
+    pub fn match_prefix(&self, tokens: &[TokenId], keys: &ExtraKeys) -> PrefixMatch {
+        let hashes = self.chain(tokens, &self.hasher.digest(keys));
+        let block_ids = self.lookup(tokens, &hashes, usize::MAX);
+        PrefixMatch {
+            num_tokens: block_ids.len() * self.config.block_size,
+            block_ids,
+        }
+    }
+
+    /// Appends generated `tokens` to request `id`. Fills the reserved room
+    /// first and takes new blocks only when it is full; a shared partial tail
+    /// is first copied to a fresh block (see [`AppendOutcome::copies`]).
+    /// Blocks that become full (and computed) are hashed and shareable.
+    pub fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<AppendOutcome> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyInput("append needs at least one token"));
+        }
+        let bs = self.config.block_size;
+        let mut st = self.state.lock();
+        let state = &mut *st;
+        let request = state
+            .requests
+            .get_mut(&id)
+            .ok_or(Error::UnknownRequest(id))?;
+        let len = request.tokens.len();
+        let new_len = len
+            .checked_add(tokens.len())
+            .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))?;
+        let needed = self.blocks_for(new_len);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let grow = needed.saturating_sub(request.blocks.len());
+        let tail = len / bs;
+        let cow = len % bs != 0 && state.blocks[request.blocks[tail] as usize].ref_count > 1;
+        let fresh = grow + usize::from(cow);
+        if fresh > state.num_free {
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available: state.num_free,
+            });
+        }
+
+        let mut outcome = AppendOutcome::default();
+        let mut request = state.requests.remove(&id).expect("looked up above");
+        if cow {
+            let src = request.blocks[tail];
+            let dst = self.allocate(state);
+            state.release(src);
+            request.blocks[tail] = dst;
+            state.stats.cow_copies += 1;
+            outcome.copies.push(BlockCopy { src, dst });
+        }
+        for _ in 0..grow {
+            let b = self.allocate(state);
+            request.blocks.push(b);
+            outcome.new_block_ids.push(b);
+        }
+        request.tokens.extend_from_slice(tokens);
+        if !request.chunked {
+            request.num_computed = new_len;
+            self.index_blocks(state, &mut request, None);
+        }
+        state.requests.insert(id, request);
+        Ok(outcome)
+    }
+
+    /// Reports that the first `num_computed_tokens` tokens of request `id`
+    /// have their KV written; full blocks among them become shareable.
+    /// Progress only moves forward and cannot pass the request's length.
+    pub fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()> {
+        let mut st = self.state.lock();
+        let state = &mut *st;
+        let request = state
+            .requests
+            .get_mut(&id)
+            .ok_or(Error::UnknownRequest(id))?;
+        if num_computed_tokens > request.tokens.len() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot commit {num_computed_tokens} tokens of a {}-token request",
+                request.tokens.len()
+            )));
+        }
+        if num_computed_tokens < request.num_computed {
+            return Err(Error::InvalidArgument(format!(
+                "commit moves backwards: {num_computed_tokens} < {} already computed",
+                request.num_computed
+            )));
+        }
+        let mut request = state.requests.remove(&id).expect("looked up above");
+        request.num_computed = num_computed_tokens;
+        self.index_blocks(state, &mut request, None);
+        state.requests.insert(id, request);
+        Ok(())
+    }
+
+    /// Creates request `child` sharing every block of `parent` that holds
+    /// tokens (parallel sampling, beam search). Takes no new block: the
+    /// first append to a shared partial tail copies it.
+    pub fn fork(&self, parent: RequestId, child: RequestId) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.requests.contains_key(&child) {
+            return Err(Error::DuplicateRequest(child));
+        }
+        let p = st
+            .requests
+            .get(&parent)
+            .ok_or(Error::UnknownRequest(parent))?;
+        let mut c = p.clone();
+        c.blocks.truncate(self.blocks_for(p.tokens.len()));
+        for &b in &c.blocks {
+            st.acquire(b);
+        }
+        st.stats.num_requests += 1;
+        st.requests.insert(child, c);
+        Ok(())
+    }
+
+    /// Frees request `id`. Its blocks are released tail first, so the deepest
+    /// blocks of a prefix chain are evicted before its root.
+    pub fn free(&self, id: RequestId) -> Result<()> {
+        let mut st = self.state.lock();
+        let request = st.requests.remove(&id).ok_or(Error::UnknownRequest(id))?;
+        for &b in request.blocks.iter().rev() {
+            st.release(b);
+        }
+        st.stats.num_requests -= 1;
+        Ok(())
+    }
+
+    /// The block table of request `id`.
+    pub fn block_table(&self, id: RequestId) -> Result<Vec<BlockId>> {
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        Ok(request.blocks.clone())
+    }
+
+    /// Slot numbers (`block_id * block_size + offset`) of positions `range`
+    /// of request `id`; positions may reach into its reserved room.
+    pub fn slot_mapping(&self, id: RequestId, range: Range<usize>) -> Result<Vec<i64>> {
+        let bs = self.config.block_size;
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        let room = request.blocks.len() * bs;
+        if range.start > range.end || range.end > room {
+            return Err(Error::InvalidArgument(format!(
+                "positions {range:?} outside the request's {room} slots"
+            )));
+        }
+        Ok(range
+            .map(|p| request.blocks[p / bs] as i64 * bs as i64 + (p % bs) as i64)
+            .collect())
+    }
+
+    /// Tokens (prompt and appended) of request `id`.
+    pub fn num_tokens(&self, id: RequestId) -> Result<usize> {
+        let st = self.state.lock();
+        Ok(st
+            .requests
+            .get(&id)
+            .ok_or(Error::UnknownRequest(id))?
+            .tokens
+            .len())
+    }
+
+    /// Pins the cached full blocks of the prefix `tokens` under `keys`: they
+    /// are neither evicted nor reused until [`BlockManager::unpin`]. Returns
+    /// the tokens pinned (0 when nothing of the prefix is cached). Pins nest.
+    pub fn pin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
+        let hashes = self.chain(tokens, &self.hasher.digest(keys));
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let blocks = self.lookup(tokens, &hashes, usize::MAX);
+        let newly = blocks
+            .iter()
+            .filter(|&&b| st.blocks[b as usize].pins == 0)
+            .count();
+        let budget = self.config.pin_budget();
+        if st.num_pinned + newly > budget {
+            return Err(Error::PinBudgetExceeded {
+                pinned: st.num_pinned,
+                requested: newly,
+                budget,
+            });
+        }
+        for &b in &blocks {
+            st.acquire(b);
+            let block = &mut st.blocks[b as usize];
+            block.pins += 1;
+            if block.pins == 1 {
+                st.num_pinned += 1;
+            }
+        }
+        Ok(blocks.len() * self.config.block_size)
+    }
+
+    /// Releases one pin of each pinned block of the prefix `tokens`; returns
+    /// the tokens unpinned, or [`Error::NotPinned`] if its first block is not pinned.
+    pub fn unpin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
+        let hashes = self.chain(tokens, &self.hasher.digest(keys));
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let blocks: Vec<BlockId> = self
+            .lookup(tokens, &hashes, usize::MAX)
+            .into_iter()
+            .take_while(|&b| st.blocks[b as usize].pins > 0)
+            .collect();
+        if blocks.is_empty() {
+            return Err(Error::NotPinned);
+        }
+        for &b in blocks.iter().rev() {
+            let block = &mut st.blocks[b as usize];
+            block.pins -= 1;
+            if block.pins == 0 {
+                st.num_pinned -= 1;
+            }
+            st.release(b);
+        }
+        Ok(blocks.len() * self.config.block_size)
+    }
+
+    /// A snapshot of gauges and counters.
+    pub fn stats(&self) -> CacheStats {
+        let st = self.state.lock();
+        let n = self.config.num_blocks as u64;
+        CacheStats {
+            free_blocks: st.num_free as u64,
+            used_blocks: n - st.num_free as u64,
+            cached_blocks: self.index.len() as u64,
+            pinned_blocks: st.num_pinned as u64,
+            ..st.stats
+        }
+    }
+
+    /// Blocks no request holds.
+    pub fn num_free_blocks(&self) -> usize {
+        self.state.lock().num_free
+    }
+
+    /// Fraction of blocks in use, `0.0..=1.0`.
+    pub fn usage(&self) -> f64 {
+        1.0 - self.num_free_blocks() as f64 / self.config.num_blocks as f64
+    }
+
+    /// Events recorded since the last call (empty unless
+    /// [`CacheConfig::enable_events`]).
+    pub fn take_events(&self) -> Vec<CacheEvent> {
+        std::mem::take(&mut self.state.lock().events)
+    }
+
+    /// Drops every cached block from the prefix index. Refused with
+    /// [`Error::BlocksInUse`] while any block is held (by requests or pins).
+    pub fn reset_prefix_cache(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        let used = self.config.num_blocks - st.num_free;
+        if used > 0 {
+            return Err(Error::BlocksInUse(used));
+        }
+        while let Some(b) = st.policy.evict() {
+            let hash = st.blocks[b as usize]
+                .hash
+                .take()
+                .expect("evictable blocks are hashed");
+            self.index.remove(hash);
+            st.unhashed.push_back(b);
+        }
+        if self.config.enable_events {
+            st.events.push(CacheEvent::AllBlocksCleared);
+        }
+        Ok(())
+    }
+
+    /// Takes a free block for a new owner: never-hashed blocks first, then
+    /// the policy's victim, whose hash leaves the index. The caller checked
+    /// that a free block exists.
+    fn allocate(&self, st: &mut State) -> BlockId {
+        let b = match st.unhashed.pop_front() {
+            Some(b) => b,
+            None => {
+                let b = st.policy.evict().expect("caller checked free blocks");
+                let hash = st.blocks[b as usize]
+                    .hash
+                    .take()
+                    .expect("evictable blocks are hashed");
+                self.index.remove(hash);
+                st.stats.evictions += 1;
+                if self.config.enable_events {
+                    st.events.push(CacheEvent::BlockRemoved {
+                        block_hashes: vec![hash],
+                    });
+                }
+                b
+            }
+        };
+        st.num_free -= 1;
+        st.blocks[b as usize].ref_count = 1;
+        b
+    }
+
+    /// Hashes and indexes the request's full computed blocks not yet hashed.
+    /// `known` holds precomputed hashes of some of them.
+    fn index_blocks(&self, st: &mut State, request: &mut Request, known: Option<&[BlockHash]>) {
+        if !self.config.enable_prefix_caching {
+            return;
+        }
+        let bs = self.config.block_size;
+        let full = request.num_computed / bs;
+        let first = request.hashes.len();
+        if full <= first {
+            return;
+        }
+        let mut stored: Vec<BlockHash> = Vec::new();
+        let mut stored_from = None;
+        for i in first..full {
+            let hash = match known.and_then(|k| k.get(i)) {
+                Some(&h) => h,
+                None => {
+                    let parent = request.hashes.last().copied().unwrap_or(self.hasher.root());
+                    let block = &request.tokens[i * bs..(i + 1) * bs];
+                    self.hasher
+                        .block(parent, i, block, &request.keys, &mut st.buf)
+                }
+            };
+            request.hashes.push(hash);
+            let b = request.blocks[i];
+            if st.blocks[b as usize].hash.is_some() {
+                continue; // a hit: already indexed
+            }
+            if self.index.insert(hash, b, self.verify(&request.tokens, i)) {
+                st.blocks[b as usize].hash = Some(hash);
+                st.stats.blocks_stored += 1;
+                if self.config.enable_events {
+                    stored_from.get_or_insert(i);
+                    stored.push(hash);
+                }
+            }
+        }
+        if let Some(from) = stored_from {
+            let n = stored.len();
+            st.events.push(CacheEvent::BlockStored {
+                parent_block_hash: (from > 0).then(|| request.hashes[from - 1]),
+                token_ids: request.tokens[from * bs..(from + n) * bs].to_vec(),
+                block_hashes: stored,
+                block_size: bs,
+                adapter: request.keys.adapter_name.clone(),
+            });
+        }
+    }
+
+    /// Checks every bookkeeping invariant; for tests of this crate and of its
+    /// bindings. Returns a description of the first violation.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let st = self.state.lock();
+        let n = self.config.num_blocks;
+        let mut refs = vec![0u32; n];
+        for (id, r) in &st.requests {
+            if r.blocks.len() < self.blocks_for(r.tokens.len()) {
+                return Err(format!("request {id} has too few blocks"));
+            }
+            for &b in &r.blocks {
+                refs[b as usize] += 1;
+            }
+            let mut chain = Vec::new();
+            let upto = r.num_computed / self.config.block_size;
+            if self.config.enable_prefix_caching {
+                let mut buf = Vec::new();
+                self.hasher
+                    .extend_chain(&r.tokens, &r.keys, upto, &mut chain, &mut buf);
+            }
+            if chain != r.hashes {
+                return Err(format!(
+                    "request {id}: stored hashes differ from its tokens' chain"
+                ));
+            }
+            for (i, h) in r.hashes.iter().enumerate() {
+                if let Some(bh) = st.blocks[r.blocks[i] as usize].hash {
+                    if bh != *h {
+                        return Err(format!(
+                            "request {id}: block {i} indexed under another hash"
+                        ));
+                    }
+                }
+            }
+        }
+        let mut free = 0;
+        for (b, block) in st.blocks.iter().enumerate() {
+            let holders = refs[b] + block.pins;
+            if block.ref_count != holders {
+                return Err(format!(
+                    "block {b}: ref count {} != {holders} holders",
+                    block.ref_count
+                ));
+            }
+            let listed = st.unhashed.contains(b as BlockId);
+            if block.ref_count > 0 && listed {
+                return Err(format!("block {b} is in use and on the free list"));
+            }
+            if block.ref_count == 0 {
+                free += 1;
+                if listed == block.hash.is_some() {
+                    return Err(format!("free block {b}: hashed and listed must differ"));
+                }
+            }
+        }
+        if free != st.num_free || st.unhashed.len() + st.policy.len() != free {
+            return Err(format!(
+                "free count {} != {free} free blocks ({} unhashed + {} evictable)",
+                st.num_free,
+                st.unhashed.len(),
+                st.policy.len()
+            ));
+        }
+        let entries = self.index.entries();
+        let hashed = st.blocks.iter().filter(|b| b.hash.is_some()).count();
+        if entries.len() != hashed {
+            return Err(format!(
+                "{} index entries but {hashed} hashed blocks",
+                entries.len()
+            ));
+        }
+        for (h, b) in entries {
+            if st.blocks[b as usize].hash != Some(h) {
+                return Err(format!(
+                    "index maps a hash to block {b}, which holds another"
+                ));
+            }
+        }
+        let pinned = st.blocks.iter().filter(|b| b.pins > 0).count();
+        if pinned != st.num_pinned || pinned > self.config.pin_budget() {
+            return Err(format!("{pinned} pinned blocks, counted {}", st.num_pinned));
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// Takes a reference to `b`, reviving it from the evictable set if free.
+    fn acquire(&mut self, b: BlockId) {
+        let block = &mut self.blocks[b as usize];
+        if block.ref_count == 0 {
+            debug_assert!(block.hash.is_some(), "only cached blocks are revived");
+            self.policy.remove(b);
+            self.num_free -= 1;
+        }
+        self.blocks[b as usize].ref_count += 1;
+    }
+
+    /// Drops a reference to `b`; the last one frees it.
+    fn release(&mut self, b: BlockId) {
+        let block = &mut self.blocks[b as usize];
+        block.ref_count -= 1;
+        if block.ref_count == 0 {
+            if block.hash.is_some() {
+                self.policy.insert(b);
+            } else {
+                self.unhashed.push_back(b);
+            }
+            self.num_free += 1;
+        }
+    }
+}
+
+/// A random hash seed, from the standard library's per-process random keys.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0x6d6c_615f_6361_6368_u64)
+}
