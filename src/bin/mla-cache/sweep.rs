@@ -1,0 +1,145 @@
+//! `mla-cache simulate --sweep`: hit rate against cache memory, per format.
+//!
+//! The manager never looks at the bytes, so the hit rate depends only on
+//! how many blocks the cache holds. The sweep therefore simulates each cache
+//! size once and places it on the memory axis once per format: the format
+//! decides how many tokens a GiB holds. Markers show the memory an MHA and a
+//! GQA-8 cache of the same model would need for the tokens of the configured
+//! cache.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use mla_cache::sim::units::{format_bytes, gib, thousands};
+use mla_cache::sim::{simulate, SimReport, Trace};
+use mla_cache::Dtype;
+
+use crate::plot::{Chart, Marker, Series};
+use crate::simulate::{progress_bar, SimulateArgs};
+
+/// Token capacities swept: 2^18 to 2^24 in steps of sqrt(2).
+fn token_grid() -> impl Iterator<Item = usize> {
+    (36..=48).map(|half_log2| 2f64.powf(half_log2 as f64 / 2.0).round() as usize)
+}
+
+/// Plot colour of each format.
+fn color(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Bf16 => "#1f77b4",
+        Dtype::Fp8DsMla => "#d62728",
+        Dtype::Mxfp6 => "#2ca02c",
+    }
+}
+
+/// Runs the sweep, prints a table and writes the plot.
+pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String> {
+    let bs = args.block_size;
+    let reference_blocks = args.num_blocks()?;
+    let largest = trace.requests.iter().map(|r| (r.input_length + r.output_length).div_ceil(bs)).max().unwrap_or(1);
+    // Grid sizes too close to the configured one would crowd its point.
+    let near = |b: usize| (b as f64 / reference_blocks as f64 - 1.0).abs() < 0.1;
+    let mut blocks: Vec<usize> = token_grid().map(|t| t / bs).filter(|&b| b >= largest && !near(b)).collect();
+    blocks.push(reference_blocks);
+    blocks.sort_unstable();
+    blocks.dedup();
+
+    let reports = run_all(args, name, trace, &blocks)?;
+
+    let reference = args.cache_config(args.dtype, reference_blocks)?;
+    let tokens = reference.num_tokens() as u64;
+    let model = &args.model;
+    let bf16_bytes = |elements: usize| (model.num_layers * elements * 2) as u64;
+    let mha = bf16_bytes(model.mha_elements_per_token()) * tokens;
+    let gqa = bf16_bytes(model.gqa_elements_per_token(8)) * tokens;
+
+    println!(
+        "sweep: {name}, {} {}, {} ms per output token",
+        model.name, args.eviction, args.tpot_ms
+    );
+    print!("{:>9} {:>11} {:>9} {:>11} {:>10}", "blocks", "tokens", "hit rate", "evictions", "p99 queue");
+    for d in Dtype::ALL {
+        print!(" {:>12}", d.name());
+    }
+    println!();
+    let mut series: Vec<Series> =
+        Dtype::ALL.iter().map(|&d| Series { name: d.name().to_string(), color: color(d), points: Vec::new() }).collect();
+    for r in &reports {
+        let marker = if r.config.num_blocks == reference_blocks { "*" } else { " " };
+        print!(
+            "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>8.0}ms",
+            thousands(r.config.num_blocks as u64),
+            thousands(r.cache_tokens as u64),
+            100.0 * r.token_hit_rate,
+            thousands(r.evictions),
+            r.queue_delay_ms.p99
+        );
+        for (s, &d) in series.iter_mut().zip(Dtype::ALL.iter()) {
+            let bytes = args.cache_config(d, r.config.num_blocks)?.total_bytes() as u64;
+            print!(" {:>12}", format_bytes(bytes));
+            s.points.push((gib(bytes), r.token_hit_rate));
+        }
+        println!();
+    }
+    let reference_hit = reports
+        .iter()
+        .find(|r| r.config.num_blocks == reference_blocks)
+        .map(|r| (r.token_hit_rate, format!("{:.1} % with {} tokens", 100.0 * r.token_hit_rate, thousands(tokens))));
+    println!(
+        "* this cache: {} tokens, {} in {}. The same tokens take {} as GQA-8 bf16 and {} as MHA bf16.",
+        thousands(tokens),
+        format_bytes(reference.total_bytes() as u64),
+        args.dtype,
+        format_bytes(gqa),
+        format_bytes(mha)
+    );
+
+    let chart = Chart {
+        title: format!("Prefix hit rate against cache memory: {}, {}", model.name, name),
+        subtitle: vec![
+            "The hit rate depends only on the tokens the cache holds; the storage format sets how many fit in a GiB."
+                .to_string(),
+            format!(
+                "Dashed lines: memory that the {} tokens of this cache take as MLA {}, GQA-8 bf16 and MHA bf16 (one copy, no TP).",
+                thousands(tokens),
+                args.dtype
+            ),
+        ],
+        x_label: "cache memory, all layers (log scale)".to_string(),
+        y_label: "prompt tokens served from cache".to_string(),
+        series,
+        markers: vec![
+            Marker { label: format!("this cache: {}", format_bytes(reference.total_bytes() as u64)), gib: gib(reference.total_bytes() as u64), color: color(args.dtype) },
+            Marker { label: format!("GQA-8 bf16: {}", format_bytes(gqa)), gib: gib(gqa), color: "#555555" },
+            Marker { label: format!("MHA bf16: {}", format_bytes(mha)), gib: gib(mha), color: "#555555" },
+        ],
+        reference_hit,
+    };
+    std::fs::write(&args.out, chart.render()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// Simulates every cache size, on as many threads as the machine offers.
+fn run_all(args: &SimulateArgs, name: &str, trace: &Trace, blocks: &[usize]) -> Result<Vec<SimReport>, String> {
+    let bar = progress_bar((blocks.len() * trace.requests.len()) as u64, "sweeping");
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; blocks.len()]);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(blocks.len());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&n) = blocks.get(i) else { break };
+                let mut last = 0;
+                let report = simulate(name, &trace.requests, &args.sim_config(args.dtype, n), |done, _| {
+                    bar.inc((done - last) as u64);
+                    last = done;
+                })
+                .map_err(|e| e.to_string());
+                results.lock().expect("no worker panics")[i] = Some(report);
+            });
+        }
+    });
+    bar.finish_and_clear();
+    results.into_inner().expect("no worker panics").into_iter().map(|r| r.expect("every size ran")).collect()
+}
