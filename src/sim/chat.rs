@@ -95,7 +95,10 @@ impl ChatConfig {
         for _ in 0..self.conversations {
             start_ms += rng.exponential(self.mean_interarrival_ms);
             let system = &systems[rng.range(0, systems.len() as u64 - 1) as usize];
-            let mut history = History { len: system.len() * HASH_BLOCK_TOKENS, hash_ids: system.clone() };
+            let mut history = History {
+                len: system.len() * HASH_BLOCK_TOKENS,
+                hash_ids: system.clone(),
+            };
             let mut arrival = start_ms.round() as u64;
             for turn in 0..rng.range(self.turns.0, self.turns.1) {
                 if turn > 0 {
@@ -114,7 +117,10 @@ impl ChatConfig {
             }
         }
         requests.sort_by_key(|r| r.timestamp);
-        Trace { requests, skipped: Vec::new() }
+        Trace {
+            requests,
+            skipped: Vec::new(),
+        }
     }
 }
 
@@ -123,7 +129,10 @@ mod tests {
     use super::*;
 
     fn small() -> ChatConfig {
-        ChatConfig { conversations: 50, ..ChatConfig::default() }
+        ChatConfig {
+            conversations: 50,
+            ..ChatConfig::default()
+        }
     }
 
     #[test]
@@ -136,7 +145,10 @@ mod tests {
     fn every_request_is_a_valid_trace_line_in_arrival_order() {
         let t = small().generate(3);
         assert!(t.requests.len() >= 50);
-        assert!(t.requests.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+        assert!(t
+            .requests
+            .windows(2)
+            .all(|w| w[0].timestamp <= w[1].timestamp));
         for r in &t.requests {
             r.validate().unwrap();
         }
@@ -144,7 +156,11 @@ mod tests {
 
     #[test]
     fn follow_ups_extend_their_previous_turn_token_for_token() {
-        let cfg = ChatConfig { conversations: 1, turns: (4, 4), ..ChatConfig::default() };
+        let cfg = ChatConfig {
+            conversations: 1,
+            turns: (4, 4),
+            ..ChatConfig::default()
+        };
         let t = cfg.generate(9);
         assert_eq!(t.requests.len(), 4);
         for w in t.requests.windows(2) {
@@ -162,7 +178,11 @@ mod tests {
 
     #[test]
     fn conversations_share_their_system_prompt_blocks() {
-        let cfg = ChatConfig { conversations: 20, system_prompts: 1, ..ChatConfig::default() };
+        let cfg = ChatConfig {
+            conversations: 20,
+            system_prompts: 1,
+            ..ChatConfig::default()
+        };
         let t = cfg.generate(5);
         let first = t.requests[0].hash_ids[0];
         assert!(t.requests.iter().all(|r| r.hash_ids[0] == first));

@@ -36,8 +36,8 @@ use serde::Serialize;
 use super::report::{Distribution, ManagerCost, SimReport};
 use super::trace::TraceRequest;
 use crate::{
-    AdmitOptions, BlockManager, CacheConfig, Dtype, Error, EvictionPolicyKind, ModelGeometry, RequestId, Result,
-    TokenId,
+    AdmitOptions, BlockManager, CacheConfig, Dtype, Error, EvictionPolicyKind, ModelGeometry,
+    RequestId, Result, TokenId,
 };
 
 const NS_PER_MS: u64 = 1_000_000;
@@ -97,7 +97,10 @@ impl SimConfig {
 }
 
 /// Serializes a configuration enum by its CLI name.
-fn by_name<T: std::fmt::Display, S: serde::Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn by_name<T: std::fmt::Display, S: serde::Serializer>(
+    value: &T,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     s.collect_str(value)
 }
 
@@ -213,15 +216,27 @@ pub fn simulate(
         evictions: stats.evictions,
         cow_copies: stats.cow_copies,
         peak_usage,
-        mean_usage: if span == 0 { usage } else { usage_area / span as f64 },
+        mean_usage: if span == 0 {
+            usage
+        } else {
+            usage_area / span as f64
+        },
         queue_delay_ms: Distribution::of_ns(&mut sim.queue_delays),
         ttft_ms: Distribution::of_ns(&mut sim.ttfts),
         simulated_s: span as f64 / 1e9,
         manager: ManagerCost {
             calls: sim.meter.calls,
             seconds: manager_s,
-            us_per_request: if completed == 0 { 0.0 } else { manager_s * 1e6 / completed as f64 },
-            calls_per_s: if manager_s > 0.0 { sim.meter.calls as f64 / manager_s } else { 0.0 },
+            us_per_request: if completed == 0 {
+                0.0
+            } else {
+                manager_s * 1e6 / completed as f64
+            },
+            calls_per_s: if manager_s > 0.0 {
+                sim.meter.calls as f64 / manager_s
+            } else {
+                0.0
+            },
         },
         wall_s: wall.elapsed().as_secs_f64(),
         stats,
@@ -265,7 +280,11 @@ struct Sim<'a> {
 impl Sim<'_> {
     fn schedule(&mut self, time: u64, request: usize) {
         self.seq += 1;
-        self.events.push(Reverse(Event { time, seq: self.seq, request }));
+        self.events.push(Reverse(Event {
+            time,
+            seq: self.seq,
+            request,
+        }));
     }
 
     /// Admits queue heads while they fit; returns how many were dropped.
@@ -334,12 +353,25 @@ mod tests {
     use super::*;
     use crate::sim::trace::{OnMalformed, Trace};
 
-    fn request(timestamp: u64, input_length: usize, output_length: usize, hash_ids: &[u64]) -> TraceRequest {
-        TraceRequest { timestamp, input_length, output_length, hash_ids: hash_ids.to_vec() }
+    fn request(
+        timestamp: u64,
+        input_length: usize,
+        output_length: usize,
+        hash_ids: &[u64],
+    ) -> TraceRequest {
+        TraceRequest {
+            timestamp,
+            input_length,
+            output_length,
+            hash_ids: hash_ids.to_vec(),
+        }
     }
 
     fn config(num_blocks: usize) -> SimConfig {
-        SimConfig { num_blocks, ..SimConfig::default() }
+        SimConfig {
+            num_blocks,
+            ..SimConfig::default()
+        }
     }
 
     fn run(requests: &[TraceRequest], config: &SimConfig) -> SimReport {
@@ -348,7 +380,10 @@ mod tests {
 
     #[test]
     fn two_requests_sharing_three_of_four_blocks() {
-        let reqs = [request(0, 2048, 4, &[1, 2, 3, 4]), request(1000, 2048, 4, &[1, 2, 3, 5])];
+        let reqs = [
+            request(0, 2048, 4, &[1, 2, 3, 4]),
+            request(1000, 2048, 4, &[1, 2, 3, 5]),
+        ];
         let r = run(&reqs, &config(1024));
         assert_eq!(r.completed, 2);
         assert_eq!(r.prompt_tokens, 4096);
@@ -370,7 +405,10 @@ mod tests {
     fn a_full_cache_queues_head_of_line_and_evicts() {
         // 40 blocks: each request needs 33, so the second waits for the
         // first to finish (3 x 40 ms after arrival), then evicts its tail.
-        let reqs = [request(0, 2048, 4, &[1, 2, 3, 4]), request(10, 2048, 4, &[1, 2, 3, 5])];
+        let reqs = [
+            request(0, 2048, 4, &[1, 2, 3, 4]),
+            request(10, 2048, 4, &[1, 2, 3, 5]),
+        ];
         let r = run(&reqs, &config(40));
         assert_eq!(r.completed, 2);
         assert_eq!(r.queue_delay_ms.max, 110.0);
@@ -381,7 +419,10 @@ mod tests {
 
     #[test]
     fn requests_larger_than_the_cache_are_counted_not_fatal() {
-        let reqs = [request(0, 4096, 1, &[1, 2, 3, 4, 5, 6, 7, 8]), request(5, 100, 1, &[9])];
+        let reqs = [
+            request(0, 4096, 1, &[1, 2, 3, 4, 5, 6, 7, 8]),
+            request(5, 100, 1, &[9]),
+        ];
         let r = run(&reqs, &config(32));
         assert_eq!(r.never_fit, 1);
         assert_eq!(r.completed, 1);
@@ -390,7 +431,10 @@ mod tests {
     #[test]
     fn prefill_time_delays_the_first_token_on_one_lane() {
         let reqs = [request(0, 1000, 1, &[1, 2]), request(0, 1000, 1, &[3, 4])];
-        let cfg = SimConfig { prefill_ns_per_token: 1_000, ..config(1024) };
+        let cfg = SimConfig {
+            prefill_ns_per_token: 1_000,
+            ..config(1024)
+        };
         let r = run(&reqs, &cfg);
         // 1 ms of prefill each, one after the other.
         assert_eq!(r.ttft_ms.p50, 1.0);

@@ -33,9 +33,11 @@ pub use chat::ChatConfig;
 pub use engine::{simulate, SimConfig};
 pub use report::{Distribution, ManagerCost, SimReport};
 pub use trace::{
-    OnMalformed, Trace, TraceLineError, TraceRequest, GENERATED_TOKEN_BASE, HASH_BLOCK_TOKENS, MAX_HASH_ID,
+    OnMalformed, Trace, TraceLineError, TraceRequest, GENERATED_TOKEN_BASE, HASH_BLOCK_TOKENS,
+    MAX_HASH_ID,
 };
 
 /// The Mooncake FAST'25 synthetic trace (3,993 requests, Apache-2.0; see
 /// `data/NOTICE`): the default workload.
-pub const MOONCAKE_SYNTHETIC_TRACE: &str = include_str!("../../data/mooncake_synthetic_trace.jsonl");
+pub const MOONCAKE_SYNTHETIC_TRACE: &str =
+    include_str!("../../data/mooncake_synthetic_trace.jsonl");

@@ -131,7 +131,12 @@ impl fmt::Display for SimReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.config;
         let row = |f: &mut fmt::Formatter<'_>, k: &str, v: String| writeln!(f, "  {k:<22} {v}");
-        writeln!(f, "workload: {} ({} requests)", self.workload, thousands(self.requests as u64))?;
+        writeln!(
+            f,
+            "workload: {} ({} requests)",
+            self.workload,
+            thousands(self.requests as u64)
+        )?;
         row(
             f,
             "cache",
@@ -149,9 +154,20 @@ impl fmt::Display for SimReport {
         let prefill = if c.prefill_ns_per_token == 0 {
             "instantaneous prefill".to_string()
         } else {
-            format!("prefill {:.0} tokens/s", 1e9 / c.prefill_ns_per_token as f64)
+            format!(
+                "prefill {:.0} tokens/s",
+                1e9 / c.prefill_ns_per_token as f64
+            )
         };
-        row(f, "timing", format!("{} ms per output token, {prefill}, eviction {}", c.tpot_ns as f64 / 1e6, c.eviction))?;
+        row(
+            f,
+            "timing",
+            format!(
+                "{} ms per output token, {prefill}, eviction {}",
+                c.tpot_ns as f64 / 1e6,
+                c.eviction
+            ),
+        )?;
         writeln!(f)?;
         row(
             f,
@@ -173,16 +189,40 @@ impl fmt::Display for SimReport {
                 thousands(self.completed as u64)
             ),
         )?;
-        row(f, "evictions", format!("{} blocks", thousands(self.evictions)))?;
+        row(
+            f,
+            "evictions",
+            format!("{} blocks", thousands(self.evictions)),
+        )?;
         row(f, "copy-on-write copies", thousands(self.cow_copies))?;
-        row(f, "usage", format!("peak {}, mean {}", percent(self.peak_usage), percent(self.mean_usage)))?;
+        row(
+            f,
+            "usage",
+            format!(
+                "peak {}, mean {}",
+                percent(self.peak_usage),
+                percent(self.mean_usage)
+            ),
+        )?;
         let d = &self.queue_delay_ms;
-        row(f, "queueing delay", format!("p50 {}, p99 {}, max {}", ms(d.p50), ms(d.p99), ms(d.max)))?;
+        row(
+            f,
+            "queueing delay",
+            format!("p50 {}, p99 {}, max {}", ms(d.p50), ms(d.p99), ms(d.max)),
+        )?;
         if c.prefill_ns_per_token > 0 {
             let d = &self.ttft_ms;
-            row(f, "time to first token", format!("p50 {}, p99 {}, max {}", ms(d.p50), ms(d.p99), ms(d.max)))?;
+            row(
+                f,
+                "time to first token",
+                format!("p50 {}, p99 {}, max {}", ms(d.p50), ms(d.p99), ms(d.max)),
+            )?;
         }
-        row(f, "never fit", format!("{} requests", thousands(self.never_fit as u64)))?;
+        row(
+            f,
+            "never fit",
+            format!("{} requests", thousands(self.never_fit as u64)),
+        )?;
         row(
             f,
             "simulated",
@@ -198,7 +238,7 @@ impl fmt::Display for SimReport {
             f,
             "manager cost",
             format!(
-                "{:.2} us per request, {:.2} M calls/s ({} calls, {:.3} s)",
+                "{:.1} µs per request, {:.2} M calls/s ({} calls in {:.3} s)",
                 m.us_per_request,
                 m.calls_per_s / 1e6,
                 thousands(m.calls),

@@ -72,7 +72,9 @@ impl TraceRequest {
             ));
         }
         if let Some(&h) = self.hash_ids.iter().find(|&&h| h > MAX_HASH_ID) {
-            return Err(format!("hash id {h} exceeds {MAX_HASH_ID} (its tokens would not fit 32 bits)"));
+            return Err(format!(
+                "hash id {h} exceeds {MAX_HASH_ID} (its tokens would not fit 32 bits)"
+            ));
         }
         Ok(())
     }
@@ -138,12 +140,22 @@ impl Trace {
                 continue;
             }
             let parsed = serde_json::from_str::<TraceRequest>(line)
-                .map_err(|e| e.to_string())
+                .map_err(|e| {
+                    // Within one line serde's "at line 1 column N" misleads: keep the column.
+                    let mut message = e.to_string();
+                    if let Some(at) = message.rfind(" at line ") {
+                        message.truncate(at);
+                    }
+                    format!("{message} (column {})", e.column())
+                })
                 .and_then(|r| r.validate().map(|()| r));
             match parsed {
                 Ok(r) => trace.requests.push(r),
                 Err(message) => {
-                    let err = TraceLineError { line: i + 1, message };
+                    let err = TraceLineError {
+                        line: i + 1,
+                        message,
+                    };
                     match on_malformed {
                         OnMalformed::Skip => trace.skipped.push(err),
                         OnMalformed::Fail => return Err(err),
@@ -184,7 +196,12 @@ mod tests {
 
     #[test]
     fn tokens_follow_hash_ids_then_the_generated_range() {
-        let r = TraceRequest { timestamp: 0, input_length: 600, output_length: 2, hash_ids: vec![3, 9] };
+        let r = TraceRequest {
+            timestamp: 0,
+            input_length: 600,
+            output_length: 2,
+            hash_ids: vec![3, 9],
+        };
         assert_eq!(r.token_at(0), 3 * 512);
         assert_eq!(r.token_at(511), 3 * 512 + 511);
         assert_eq!(r.token_at(512), 9 * 512);
@@ -198,10 +215,18 @@ mod tests {
 
     #[test]
     fn the_largest_hash_id_stays_below_the_generated_range() {
-        let r = TraceRequest { timestamp: 0, input_length: 512, output_length: 0, hash_ids: vec![MAX_HASH_ID] };
+        let r = TraceRequest {
+            timestamp: 0,
+            input_length: 512,
+            output_length: 0,
+            hash_ids: vec![MAX_HASH_ID],
+        };
         assert!(r.validate().is_ok());
         assert!(r.token_at(511) < GENERATED_TOKEN_BASE);
-        let r = TraceRequest { hash_ids: vec![MAX_HASH_ID + 1], ..r };
+        let r = TraceRequest {
+            hash_ids: vec![MAX_HASH_ID + 1],
+            ..r
+        };
         assert!(r.validate().unwrap_err().contains("exceeds"));
     }
 
@@ -219,21 +244,37 @@ mod tests {
         let lines: Vec<usize> = t.skipped.iter().map(|e| e.line).collect();
         assert_eq!(lines, [3, 4, 5]);
         assert!(t.skipped[1].message.contains("needs 2 hash ids"));
+        assert_eq!(t.skipped[0].message, "expected ident (column 2)");
         let err = Trace::parse(text, OnMalformed::Fail).unwrap_err();
         assert_eq!(err.line, 3);
         assert!(err.to_string().starts_with("line 3: "));
     }
 
     #[test]
+    fn the_embedded_trace_is_whole() {
+        let t = Trace::parse(crate::sim::MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).unwrap();
+        assert_eq!(t.requests.len(), 3993);
+        let prompt: usize = t.requests.iter().map(|r| r.input_length).sum();
+        assert_eq!(prompt, 61_194_628);
+    }
+
+    #[test]
     fn jsonl_round_trips() {
-        let text = "{\"timestamp\":1,\"input_length\":513,\"output_length\":4,\"hash_ids\":[0,1]}\n";
+        let text =
+            "{\"timestamp\":1,\"input_length\":513,\"output_length\":4,\"hash_ids\":[0,1]}\n";
         let t = Trace::parse(text, OnMalformed::Fail).unwrap();
         assert_eq!(t.to_jsonl(), text);
     }
 
     #[test]
     fn garbage_never_panics() {
-        for text in ["{", "[]", "{\"timestamp\": -1}", "\u{0}", "{\"timestamp\": 1e99, \"input_length\": 1}"] {
+        for text in [
+            "{",
+            "[]",
+            "{\"timestamp\": -1}",
+            "\u{0}",
+            "{\"timestamp\": 1e99, \"input_length\": 1}",
+        ] {
             let t = Trace::parse(text, OnMalformed::Skip).unwrap();
             assert_eq!(t.skipped.len(), 1, "{text:?}");
         }

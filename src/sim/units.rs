@@ -7,11 +7,13 @@
 /// `512mib`, `1000`.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let s = text.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}: expected a number and a unit, like 40GiB or 80GB"))?;
+    let value: f64 = number.parse().map_err(|_| {
+        format!("invalid size {text:?}: expected a number and a unit, like 40GiB or 80GB")
+    })?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -85,12 +87,18 @@ mod tests {
 
     #[test]
     fn bad_sizes_say_why() {
-        assert!(parse_bytes("40 parsecs").unwrap_err().contains("unknown unit"));
-        assert!(parse_bytes("GiB").unwrap_err().contains("expected a number"));
+        assert!(parse_bytes("40 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_bytes("GiB")
+            .unwrap_err()
+            .contains("expected a number"));
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("-1GB").is_err());
         assert!(parse_bytes("1.2.3GB").is_err());
-        assert!(parse_bytes("99999999999TiB").unwrap_err().contains("too large"));
+        assert!(parse_bytes("99999999999TiB")
+            .unwrap_err()
+            .contains("too large"));
     }
 
     #[test]

@@ -123,7 +123,15 @@ impl PlanArgs {
     }
 
     fn overrides_dims(&self) -> bool {
-        [self.layers, self.heads, self.head_dim, self.kv_lora_rank, self.rope_dim].iter().any(Option::is_some)
+        [
+            self.layers,
+            self.heads,
+            self.head_dim,
+            self.kv_lora_rank,
+            self.rope_dim,
+        ]
+        .iter()
+        .any(Option::is_some)
     }
 
     /// Weights per GPU and how they were obtained.
@@ -134,10 +142,17 @@ impl PlanArgs {
         if self.overrides_dims() {
             return Err("explicit model dimensions need --weights-mem".into());
         }
-        let (billions, bytes, precision) =
-            published_weights(self.model.name).ok_or_else(|| format!("no weight size known for {}: set --weights-mem", self.model.name))?;
+        let (billions, bytes, precision) = published_weights(self.model.name).ok_or_else(|| {
+            format!(
+                "no weight size known for {}: set --weights-mem",
+                self.model.name
+            )
+        })?;
         let per_gpu = (billions * 1e9 * bytes / self.tp as f64) as u64;
-        Ok((per_gpu, format!("{billions}B parameters in {precision} / tp {}", self.tp)))
+        Ok((
+            per_gpu,
+            format!("{billions}B parameters in {precision} / tp {}", self.tp),
+        ))
     }
 }
 
@@ -146,42 +161,53 @@ fn build(args: &PlanArgs) -> Result<(Plan, String), String> {
         return Err("--tp, --dp, --context and --block-size must be positive".into());
     }
     if args.gpu_util == 0.0 || args.gpu_util > 1.0 {
-        return Err(format!("--gpu-util must be in (0, 1], got {}", args.gpu_util));
+        return Err(format!(
+            "--gpu-util must be in (0, 1], got {}",
+            args.gpu_util
+        ));
     }
     let g = args.geometry();
     let (weights, weights_note) = args.weights()?;
     let usable = (args.gpu_mem as f64 * args.gpu_util) as u64;
-    let cache = usable.checked_sub(weights).filter(|&c| c > 0).ok_or_else(|| {
-        format!(
-            "weights ({}) leave no room in {} usable of {} per GPU",
-            format_bytes(weights),
-            format_bytes(usable),
-            format_bytes(args.gpu_mem)
-        )
-    })?;
+    let cache = usable
+        .checked_sub(weights)
+        .filter(|&c| c > 0)
+        .ok_or_else(|| {
+            format!(
+                "weights ({}) leave no room in {} usable of {} per GPU",
+                format_bytes(weights),
+                format_bytes(usable),
+                format_bytes(args.gpu_mem)
+            )
+        })?;
     let bs = args.block_size;
     let blocks_per_seq = args.context.div_ceil(bs) as u64;
-    let row = |cache_name: String, elements: usize, bytes_layer: usize, per_gpu: u64, layout: String| {
-        let blocks = cache / (per_gpu * bs as u64);
-        let seqs = blocks / blocks_per_seq;
-        Row {
-            cache: cache_name,
-            elements_per_token_layer: elements,
-            bytes_per_token_layer: bytes_layer,
-            bytes_per_token_per_gpu: per_gpu,
-            layout,
-            tokens_per_gpu: blocks * bs as u64,
-            blocks_per_gpu: blocks,
-            sequences_per_replica: seqs,
-            sequences_total: seqs * args.dp as u64,
-        }
-    };
+    let row =
+        |cache_name: String, elements: usize, bytes_layer: usize, per_gpu: u64, layout: String| {
+            let blocks = cache / (per_gpu * bs as u64);
+            let seqs = blocks / blocks_per_seq;
+            Row {
+                cache: cache_name,
+                elements_per_token_layer: elements,
+                bytes_per_token_layer: bytes_layer,
+                bytes_per_token_per_gpu: per_gpu,
+                layout,
+                tokens_per_gpu: blocks * bs as u64,
+                blocks_per_gpu: blocks,
+                sequences_per_replica: seqs,
+                sequences_total: seqs * args.dp as u64,
+            }
+        };
     let mut rows = Vec::new();
     for dtype in Dtype::ALL {
         let mut c = CacheConfig::for_model(&g, 1, dtype);
         c.block_size = bs;
         c.validate().map_err(|e| e.to_string())?;
-        let layout = if args.tp == 1 { "whole latent".to_string() } else { format!("whole latent on each of {} ranks", args.tp) };
+        let layout = if args.tp == 1 {
+            "whole latent".to_string()
+        } else {
+            format!("whole latent on each of {} ranks", args.tp)
+        };
         rows.push(row(
             format!("MLA {dtype}"),
             g.mla_elements_per_token(),
@@ -193,9 +219,18 @@ fn build(args: &PlanArgs) -> Result<(Plan, String), String> {
     let split = |kv_heads: usize, what: &str| -> (usize, String) {
         if args.tp <= kv_heads {
             let per_rank = kv_heads.div_ceil(args.tp);
-            (per_rank, format!("{per_rank} of {kv_heads} {what} per rank"))
+            (
+                per_rank,
+                format!("{per_rank} of {kv_heads} {what} per rank"),
+            )
         } else {
-            (1, format!("1 of {kv_heads} {what} per rank, each on {} ranks", args.tp / kv_heads))
+            (
+                1,
+                format!(
+                    "1 of {kv_heads} {what} per rank, each on {} ranks",
+                    args.tp / kv_heads
+                ),
+            )
         }
     };
     for (name, kv_heads, elements) in [
@@ -205,7 +240,13 @@ fn build(args: &PlanArgs) -> Result<(Plan, String), String> {
         let (per_rank, layout) = split(kv_heads, if name == "MHA" { "heads" } else { "KV heads" });
         for (precision, bytes) in [("bf16", 2), ("fp8", 1)] {
             let per_gpu = (g.num_layers * g.gqa_elements_per_token(per_rank) * bytes) as u64;
-            rows.push(row(format!("{name} {precision}"), elements, elements * bytes, per_gpu, layout.clone()));
+            rows.push(row(
+                format!("{name} {precision}"),
+                elements,
+                elements * bytes,
+                per_gpu,
+                layout.clone(),
+            ));
         }
     }
     let plan = Plan {
@@ -228,7 +269,10 @@ fn build(args: &PlanArgs) -> Result<(Plan, String), String> {
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let (plan, weights_note) = build(args)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan).expect("a plan always serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan).expect("a plan always serializes")
+        );
         return Ok(());
     }
     let g = args.geometry();
@@ -261,7 +305,13 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     println!();
     println!(
         "{:<15} {:>14} {:>13} {:>12} {:>11} {:>13} {:>11}  layout on tensor-parallel ranks",
-        "cache", "B/token/layer", "B/token/GPU", "tokens/GPU", "blocks/GPU", "seqs/replica", "seqs total"
+        "cache",
+        "B/token/layer",
+        "B/token/GPU",
+        "tokens/GPU",
+        "blocks/GPU",
+        "seqs/replica",
+        "seqs total"
     );
     for r in &plan.rows {
         println!(
@@ -299,13 +349,24 @@ mod tests {
     }
 
     fn plan(args: &[&str]) -> Result<Plan, String> {
-        let w = Wrapper::try_parse_from(std::iter::once("plan").chain(args.iter().copied())).unwrap();
+        let w =
+            Wrapper::try_parse_from(std::iter::once("plan").chain(args.iter().copied())).unwrap();
         build(&w.plan).map(|(p, _)| p)
     }
 
     #[test]
     fn mla_is_replicated_and_mha_split() {
-        let p = plan(&["--gpu-mem", "100GiB", "--gpu-util", "1", "--weights-mem", "60GiB", "--tp", "8"]).unwrap();
+        let p = plan(&[
+            "--gpu-mem",
+            "100GiB",
+            "--gpu-util",
+            "1",
+            "--weights-mem",
+            "60GiB",
+            "--tp",
+            "8",
+        ])
+        .unwrap();
         let fp8 = &p.rows[1];
         assert_eq!(fp8.cache, "MLA fp8_ds_mla");
         assert_eq!(fp8.bytes_per_token_per_gpu, 40_016);
@@ -326,8 +387,12 @@ mod tests {
 
     #[test]
     fn impossible_plans_are_errors() {
-        assert!(plan(&["--weights-mem", "200GiB"]).unwrap_err().contains("leave no room"));
-        assert!(plan(&["--layers", "10"]).unwrap_err().contains("--weights-mem"));
+        assert!(plan(&["--weights-mem", "200GiB"])
+            .unwrap_err()
+            .contains("leave no room"));
+        assert!(plan(&["--layers", "10"])
+            .unwrap_err()
+            .contains("--weights-mem"));
         assert!(plan(&["--tp", "0"]).is_err());
         assert!(plan(&["--gpu-util", "1.5"]).is_err());
     }

@@ -50,7 +50,9 @@ const BOTTOM: f64 = 550.0;
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// `2^k` GiB as a tick label.
@@ -67,16 +69,27 @@ fn size_label(log2_gib: i32) -> String {
 impl Chart {
     /// The SVG document.
     pub fn render(&self) -> String {
-        let xs = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).chain(self.markers.iter().map(|m| m.gib));
+        let xs = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .chain(self.markers.iter().map(|m| m.gib));
         let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
         // A little room beyond the outermost point or marker.
         let (lo, hi) = if lo <= hi {
-            ((lo.log2() - 0.2).floor() as i32, (hi.log2() + 0.2).ceil() as i32)
+            (
+                (lo.log2() - 0.2).floor() as i32,
+                (hi.log2() + 0.2).ceil() as i32,
+            )
         } else {
             (0, 1)
         };
         let hi = hi.max(lo + 1);
-        let ymax_data = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
+        let ymax_data = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max);
         let ymax = ((ymax_data * 10.0).ceil() / 10.0).clamp(0.1, 1.0);
         let x = |gib: f64| LEFT + (gib.log2() - lo as f64) / (hi - lo) as f64 * (RIGHT - LEFT);
         let y = |v: f64| BOTTOM - v / ymax * (BOTTOM - TOP);
@@ -88,17 +101,28 @@ impl Chart {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="Helvetica, Arial, sans-serif">"#
         );
         let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(out, r#"<text x="{LEFT}" y="32" font-size="19" font-weight="bold">{}</text>"#, esc(&self.title));
+        let _ = writeln!(
+            out,
+            r#"<text x="{LEFT}" y="32" font-size="19" font-weight="bold">{}</text>"#,
+            esc(&self.title)
+        );
         for (i, line) in self.subtitle.iter().enumerate() {
             let ty = 56.0 + 18.0 * i as f64;
-            let _ = writeln!(out, r##"<text x="{LEFT}" y="{ty}" font-size="13" fill="#444">{}</text>"##, esc(line));
+            let _ = writeln!(
+                out,
+                r##"<text x="{LEFT}" y="{ty}" font-size="13" fill="#444">{}</text>"##,
+                esc(line)
+            );
         }
 
         // Grid and axes.
         let label_every = if hi - lo > 12 { 2 } else { 1 };
         for k in lo..=hi {
             let gx = x(2f64.powi(k));
-            let _ = writeln!(out, r##"<line x1="{gx:.1}" y1="{TOP}" x2="{gx:.1}" y2="{BOTTOM}" stroke="#e6e6e6"/>"##);
+            let _ = writeln!(
+                out,
+                r##"<line x1="{gx:.1}" y1="{TOP}" x2="{gx:.1}" y2="{BOTTOM}" stroke="#e6e6e6"/>"##
+            );
             if (k - lo) % label_every == 0 {
                 let _ = writeln!(
                     out,
@@ -112,7 +136,10 @@ impl Chart {
         for i in 0..=steps {
             let v = i as f64 / 10.0;
             let gy = y(v);
-            let _ = writeln!(out, r##"<line x1="{LEFT}" y1="{gy:.1}" x2="{RIGHT}" y2="{gy:.1}" stroke="#e6e6e6"/>"##);
+            let _ = writeln!(
+                out,
+                r##"<line x1="{LEFT}" y1="{gy:.1}" x2="{RIGHT}" y2="{gy:.1}" stroke="#e6e6e6"/>"##
+            );
             let _ = writeln!(
                 out,
                 r#"<text x="{}" y="{:.1}" font-size="12" text-anchor="end">{:.0} %</text>"#,
@@ -176,7 +203,11 @@ impl Chart {
 
         // Curves and legend.
         for (i, s) in self.series.iter().enumerate() {
-            let path: Vec<String> = s.points.iter().map(|&(gx, gy)| format!("{:.1},{:.1}", x(gx), y(gy))).collect();
+            let path: Vec<String> = s
+                .points
+                .iter()
+                .map(|&(gx, gy)| format!("{:.1},{:.1}", x(gx), y(gy)))
+                .collect();
             let _ = writeln!(
                 out,
                 r#"<polyline points="{}" fill="none" stroke="{}" stroke-width="2.5"/>"#,
@@ -184,7 +215,13 @@ impl Chart {
                 s.color
             );
             for &(gx, gy) in &s.points {
-                let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{}"/>"#, x(gx), y(gy), s.color);
+                let _ = writeln!(
+                    out,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{}"/>"#,
+                    x(gx),
+                    y(gy),
+                    s.color
+                );
             }
             let ly = TOP + 22.0 + 22.0 * i as f64;
             let _ = writeln!(
@@ -218,8 +255,16 @@ mod tests {
             subtitle: vec!["s".into()],
             x_label: "x".into(),
             y_label: "y".into(),
-            series: vec![Series { name: "bf16".into(), color: "red", points: vec![(8.0, 0.1), (64.0, 0.5)] }],
-            markers: vec![Marker { label: "MHA".into(), gib: 4096.0, color: "gray" }],
+            series: vec![Series {
+                name: "bf16".into(),
+                color: "red",
+                points: vec![(8.0, 0.1), (64.0, 0.5)],
+            }],
+            markers: vec![Marker {
+                label: "MHA".into(),
+                gib: 4096.0,
+                color: "gray",
+            }],
             reference_hit: Some((0.5, "ref".into())),
         };
         let svg = chart.render();

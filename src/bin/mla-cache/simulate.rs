@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use mla_cache::sim::{simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE};
+use mla_cache::sim::{
+    simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
+};
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 
 use crate::args;
@@ -75,28 +77,48 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub sweep: bool,
     /// Where --sweep writes its SVG plot.
-    #[arg(long, value_name = "FILE", default_value = "sweep.svg", requires = "sweep")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "sweep.svg",
+        requires = "sweep"
+    )]
     pub out: PathBuf,
 }
 
 impl SimulateArgs {
     /// The workload's name and requests; reports skipped lines on stderr.
     pub fn load(&self) -> Result<(String, Trace), String> {
-        let on_malformed = if self.strict { OnMalformed::Fail } else { OnMalformed::Skip };
+        let on_malformed = if self.strict {
+            OnMalformed::Fail
+        } else {
+            OnMalformed::Skip
+        };
         let (name, trace) = match (&self.trace, self.workload) {
             (Some(path), _) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let trace =
-                    Trace::parse(&text, on_malformed).map_err(|e| format!("{}: {e} (--strict)", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let trace = Trace::parse(&text, on_malformed)
+                    .map_err(|e| format!("{}: {e} (--strict)", path.display()))?;
                 (path.display().to_string(), trace)
             }
             (None, Workload::Mooncake) => {
-                let trace = Trace::parse(MOONCAKE_SYNTHETIC_TRACE, on_malformed).map_err(|e| e.to_string())?;
+                let trace = Trace::parse(MOONCAKE_SYNTHETIC_TRACE, on_malformed)
+                    .map_err(|e| e.to_string())?;
                 ("mooncake synthetic trace".to_string(), trace)
             }
             (None, Workload::Chat) => {
-                let config = ChatConfig { conversations: self.conversations, ..ChatConfig::default() };
-                (format!("chat, {} conversations, seed {}", self.conversations, self.seed), config.generate(self.seed))
+                let config = ChatConfig {
+                    conversations: self.conversations,
+                    ..ChatConfig::default()
+                };
+                (
+                    format!(
+                        "chat, {} conversations, seed {}",
+                        self.conversations, self.seed
+                    ),
+                    config.generate(self.seed),
+                )
             }
         };
         const SHOWN: usize = 10;
@@ -104,10 +126,16 @@ impl SimulateArgs {
             eprintln!("warning: {name}: skipped {e}");
         }
         if trace.skipped.len() > SHOWN {
-            eprintln!("warning: {name}: ... and {} more", trace.skipped.len() - SHOWN);
+            eprintln!(
+                "warning: {name}: ... and {} more",
+                trace.skipped.len() - SHOWN
+            );
         }
         if !trace.skipped.is_empty() {
-            eprintln!("warning: skipped {} malformed lines (--strict makes them fatal)", trace.skipped.len());
+            eprintln!(
+                "warning: skipped {} malformed lines (--strict makes them fatal)",
+                trace.skipped.len()
+            );
         }
         if trace.requests.is_empty() {
             return Err(format!("{name}: no requests to replay"));
@@ -124,14 +152,20 @@ impl SimulateArgs {
             block_size: self.block_size,
             eviction: self.eviction,
             tpot_ns: (self.tpot_ms * 1e6).round() as u64,
-            prefill_ns_per_token: if self.prefill_tps > 0.0 { (1e9 / self.prefill_tps).round() as u64 } else { 0 },
+            prefill_ns_per_token: if self.prefill_tps > 0.0 {
+                (1e9 / self.prefill_tps).round() as u64
+            } else {
+                0
+            },
             hash_seed: self.seed,
         }
     }
 
     /// The cache configuration the options describe (for sizes).
     pub fn cache_config(&self, dtype: Dtype, num_blocks: usize) -> Result<CacheConfig, String> {
-        self.sim_config(dtype, num_blocks).cache_config().map_err(|e| e.to_string())
+        self.sim_config(dtype, num_blocks)
+            .cache_config()
+            .map_err(|e| e.to_string())
     }
 
     /// Blocks of the configured cache: --blocks, or what --cache-mem holds.
@@ -142,7 +176,10 @@ impl SimulateArgs {
         let per_block = self.cache_config(self.dtype, 1)?.bytes_per_block() as u64;
         let n = (self.cache_mem / per_block) as usize;
         if n == 0 {
-            return Err(format!("--cache-mem {} B holds no block of {per_block} B", self.cache_mem));
+            return Err(format!(
+                "--cache-mem {} B holds no block of {per_block} B",
+                self.cache_mem
+            ));
         }
         Ok(n)
     }
@@ -164,18 +201,24 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
 pub fn run(args: &SimulateArgs) -> Result<(), String> {
     let (name, trace) = args.load()?;
     if let Some(path) = &args.save_trace {
-        std::fs::write(path, trace.to_jsonl()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, trace.to_jsonl())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     if args.sweep {
         return sweep::run(args, &name, &trace);
     }
     let config = args.sim_config(args.dtype, args.num_blocks()?);
     let bar = progress_bar(trace.requests.len() as u64, "simulating");
-    let report = simulate(&name, &trace.requests, &config, |done, _| bar.set_position(done as u64))
-        .map_err(|e| e.to_string())?;
+    let report = simulate(&name, &trace.requests, &config, |done, _| {
+        bar.set_position(done as u64)
+    })
+    .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("a report always serializes"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("a report always serializes")
+        );
     } else {
         print!("{report}");
     }

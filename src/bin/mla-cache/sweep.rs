@@ -35,10 +35,18 @@ fn color(dtype: Dtype) -> &'static str {
 pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String> {
     let bs = args.block_size;
     let reference_blocks = args.num_blocks()?;
-    let largest = trace.requests.iter().map(|r| (r.input_length + r.output_length).div_ceil(bs)).max().unwrap_or(1);
+    let largest = trace
+        .requests
+        .iter()
+        .map(|r| (r.input_length + r.output_length).div_ceil(bs))
+        .max()
+        .unwrap_or(1);
     // Grid sizes too close to the configured one would crowd its point.
     let near = |b: usize| (b as f64 / reference_blocks as f64 - 1.0).abs() < 0.1;
-    let mut blocks: Vec<usize> = token_grid().map(|t| t / bs).filter(|&b| b >= largest && !near(b)).collect();
+    let mut blocks: Vec<usize> = token_grid()
+        .map(|t| t / bs)
+        .filter(|&b| b >= largest && !near(b))
+        .collect();
     blocks.push(reference_blocks);
     blocks.sort_unstable();
     blocks.dedup();
@@ -56,15 +64,28 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         "sweep: {name}, {} {}, {} ms per output token",
         model.name, args.eviction, args.tpot_ms
     );
-    print!("{:>9} {:>11} {:>9} {:>11} {:>10}", "blocks", "tokens", "hit rate", "evictions", "p99 queue");
+    print!(
+        "{:>9} {:>11} {:>9} {:>11} {:>10}",
+        "blocks", "tokens", "hit rate", "evictions", "p99 queue"
+    );
     for d in Dtype::ALL {
         print!(" {:>12}", d.name());
     }
     println!();
-    let mut series: Vec<Series> =
-        Dtype::ALL.iter().map(|&d| Series { name: d.name().to_string(), color: color(d), points: Vec::new() }).collect();
+    let mut series: Vec<Series> = Dtype::ALL
+        .iter()
+        .map(|&d| Series {
+            name: d.name().to_string(),
+            color: color(d),
+            points: Vec::new(),
+        })
+        .collect();
     for r in &reports {
-        let marker = if r.config.num_blocks == reference_blocks { "*" } else { " " };
+        let marker = if r.config.num_blocks == reference_blocks {
+            "*"
+        } else {
+            " "
+        };
         print!(
             "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>8.0}ms",
             thousands(r.config.num_blocks as u64),
@@ -83,7 +104,16 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     let reference_hit = reports
         .iter()
         .find(|r| r.config.num_blocks == reference_blocks)
-        .map(|r| (r.token_hit_rate, format!("{:.1} % with {} tokens", 100.0 * r.token_hit_rate, thousands(tokens))));
+        .map(|r| {
+            (
+                r.token_hit_rate,
+                format!(
+                    "{:.1} % with {} tokens",
+                    100.0 * r.token_hit_rate,
+                    thousands(tokens)
+                ),
+            )
+        });
     println!(
         "* this cache: {} tokens, {} in {}. The same tokens take {} as GQA-8 bf16 and {} as MHA bf16.",
         thousands(tokens),
@@ -114,32 +144,51 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         ],
         reference_hit,
     };
-    std::fs::write(&args.out, chart.render()).map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    std::fs::write(&args.out, chart.render())
+        .map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
     println!("wrote {}", args.out.display());
     Ok(())
 }
 
 /// Simulates every cache size, on as many threads as the machine offers.
-fn run_all(args: &SimulateArgs, name: &str, trace: &Trace, blocks: &[usize]) -> Result<Vec<SimReport>, String> {
+fn run_all(
+    args: &SimulateArgs,
+    name: &str,
+    trace: &Trace,
+    blocks: &[usize],
+) -> Result<Vec<SimReport>, String> {
     let bar = progress_bar((blocks.len() * trace.requests.len()) as u64, "sweeping");
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; blocks.len()]);
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(blocks.len());
+    let results: Mutex<Vec<Option<Result<SimReport, String>>>> =
+        Mutex::new(vec![None; blocks.len()]);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(blocks.len());
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&n) = blocks.get(i) else { break };
                 let mut last = 0;
-                let report = simulate(name, &trace.requests, &args.sim_config(args.dtype, n), |done, _| {
-                    bar.inc((done - last) as u64);
-                    last = done;
-                })
+                let report = simulate(
+                    name,
+                    &trace.requests,
+                    &args.sim_config(args.dtype, n),
+                    |done, _| {
+                        bar.inc((done - last) as u64);
+                        last = done;
+                    },
+                )
                 .map_err(|e| e.to_string());
                 results.lock().expect("no worker panics")[i] = Some(report);
             });
         }
     });
     bar.finish_and_clear();
-    results.into_inner().expect("no worker panics").into_iter().map(|r| r.expect("every size ran")).collect()
+    results
+        .into_inner()
+        .expect("no worker panics")
+        .into_iter()
+        .map(|r| r.expect("every size ran"))
+        .collect()
 }
