@@ -293,4 +293,24 @@ fn sweep_writes_an_svg_with_every_format_and_the_markers() {
     ] {
         assert!(svg.contains(needle), "{needle} missing");
     }
+
+    let svg = dir.path().join("sweep2.svg");
+    let out = mla_cache(&[
+        "simulate",
+        "--trace",
+        &trace,
+        "--sweep",
+        "--json",
+        "--out",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tokens = doc["reference_tokens"].as_u64().unwrap();
+    assert_eq!(tokens, (40u64 << 30) / (40_016 * 64) * 64);
+    assert_eq!(doc["mha_bf16_bytes"], 61 * 32_768 * 2 * tokens);
+    assert_eq!(doc["gqa8_bf16_bytes"], 61 * 2_048 * 2 * tokens);
+    let reports = doc["reports"].as_array().unwrap();
+    assert!(reports.len() >= 10);
+    assert!(reports.iter().all(|r| r["hit_tokens"] == 1536));
 }

@@ -329,11 +329,18 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     println!();
     println!(
         "An MLA cache has one latent head per layer, which every tensor-parallel rank needs whole:\n\
-         it is replicated on all {} ranks, so tensor parallelism does not divide it. MHA and GQA\n\
+         it is replicated on every rank (tp {} here), so tensor parallelism does not divide it. MHA and GQA\n\
          caches are split by KV heads across ranks. B/token/layer is the whole model's; B/token/GPU\n\
          is what one GPU holds for a token over all {} layers.",
         plan.tp, plan.num_layers
     );
+    if plan.tp > 1 {
+        println!(
+            "Engines therefore often run MLA attention data-parallel: `--tp 1 --dp {} --weights-mem\n\
+             <per GPU>` shows each GPU caching its own sequences.",
+            plan.tp * plan.dp
+        );
+    }
     Ok(())
 }
 

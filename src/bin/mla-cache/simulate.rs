@@ -48,7 +48,8 @@ pub struct SimulateArgs {
     pub dtype: Dtype,
     /// Cache memory (all layers). The default is roughly what an H200
     /// (140 GiB) keeps for the cache beside DeepSeek-V3's FP8 weights at
-    /// tensor parallelism 8: 16,770 blocks of 64 in fp8_ds_mla, 1.07M tokens.
+    /// tensor parallelism 8, once activations are set aside (see `plan`):
+    /// 16,770 blocks of 64 in fp8_ds_mla, 1.07M tokens.
     #[arg(long, value_name = "SIZE", value_parser = args::bytes, default_value = "40GiB", conflicts_with = "blocks")]
     pub cache_mem: u64,
     /// Cache size in blocks, instead of --cache-mem.

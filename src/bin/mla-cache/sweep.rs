@@ -7,6 +7,7 @@
 //! GQA-8 cache of the same model would need for the tokens of the configured
 //! cache.
 
+use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -60,18 +61,21 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     let mha = bf16_bytes(model.mha_elements_per_token()) * tokens;
     let gqa = bf16_bytes(model.gqa_elements_per_token(8)) * tokens;
 
-    println!(
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
         "sweep: {name}, {} {}, {} ms per output token",
         model.name, args.eviction, args.tpot_ms
     );
-    print!(
+    let _ = write!(
+        text,
         "{:>9} {:>11} {:>9} {:>11} {:>10}",
         "blocks", "tokens", "hit rate", "evictions", "p99 queue"
     );
     for d in Dtype::ALL {
-        print!(" {:>12}", d.name());
+        let _ = write!(text, " {:>12}", d.name());
     }
-    println!();
+    let _ = writeln!(text);
     let mut series: Vec<Series> = Dtype::ALL
         .iter()
         .map(|&d| Series {
@@ -86,7 +90,8 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         } else {
             " "
         };
-        print!(
+        let _ = write!(
+            text,
             "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>8.0}ms",
             thousands(r.config.num_blocks as u64),
             thousands(r.cache_tokens as u64),
@@ -96,10 +101,10 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         );
         for (s, &d) in series.iter_mut().zip(Dtype::ALL.iter()) {
             let bytes = args.cache_config(d, r.config.num_blocks)?.total_bytes() as u64;
-            print!(" {:>12}", format_bytes(bytes));
+            let _ = write!(text, " {:>12}", format_bytes(bytes));
             s.points.push((gib(bytes), r.token_hit_rate));
         }
-        println!();
+        let _ = writeln!(text);
     }
     let reference_hit = reports
         .iter()
@@ -114,7 +119,8 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
                 ),
             )
         });
-    println!(
+    let _ = writeln!(
+        text,
         "* this cache: {} tokens, {} in {}. The same tokens take {} as GQA-8 bf16 and {} as MHA bf16.",
         thousands(tokens),
         format_bytes(reference.total_bytes() as u64),
@@ -146,7 +152,21 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     };
     std::fs::write(&args.out, chart.render())
         .map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
-    println!("wrote {}", args.out.display());
+    if args.json {
+        let doc = serde_json::json!({
+            "reference_tokens": tokens,
+            "gqa8_bf16_bytes": gqa,
+            "mha_bf16_bytes": mha,
+            "reports": reports,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("reports always serialize")
+        );
+    } else {
+        print!("{text}");
+        println!("wrote {}", args.out.display());
+    }
     Ok(())
 }
 
