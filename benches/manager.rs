@@ -1,0 +1,138 @@
+//! Block manager costs: admit+free of a 4,096-token prompt (cold and fully
+//! cached), `match_prefix` of 4,096 tokens, a one-token append, a fork; and
+//! admit+free of a cached prompt with two threads on one manager.
+//!
+//! `cargo bench --bench manager`
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig, ExtraKeys};
+
+const PROMPT: usize = 4096;
+
+fn manager() -> BlockManager {
+    let mut c = CacheConfig::new(8192);
+    c.hash_seed = Some(1);
+    BlockManager::new(c).unwrap()
+}
+
+fn prompt(base: u32) -> Vec<u32> {
+    (base..base + PROMPT as u32).collect()
+}
+
+fn single_thread(c: &mut Criterion) {
+    let m = manager();
+    let mut g = c.benchmark_group("manager");
+
+    let mut next = 0u32;
+    g.bench_function("admit_free_4096_cold", |b| {
+        b.iter(|| {
+            // A new prompt every time: nothing hits, every block is stored.
+            next = next.wrapping_add(PROMPT as u32);
+            let p = prompt(next);
+            m.admit(1, black_box(&p), &AdmitOptions::default()).unwrap();
+            m.free(1).unwrap();
+        })
+    });
+
+    let cached = prompt(u32::MAX - PROMPT as u32);
+    m.admit(2, &cached, &AdmitOptions::default()).unwrap();
+    m.free(2).unwrap();
+    g.bench_function("admit_free_4096_cached", |b| {
+        b.iter(|| {
+            let a = m.admit(1, black_box(&cached), &AdmitOptions::default()).unwrap();
+            debug_assert_eq!(a.num_cached_tokens, PROMPT - 64);
+            m.free(1).unwrap();
+        })
+    });
+
+    g.bench_function("match_prefix_4096", |b| {
+        b.iter(|| black_box(m.match_prefix(black_box(&cached), &ExtraKeys::default())))
+    });
+
+    m.admit(3, &cached[..100], &AdmitOptions::default()).unwrap();
+    let mut appended = 0usize;
+    g.bench_function("append_1", |b| {
+        b.iter(|| {
+            m.append(3, black_box(&[7])).unwrap();
+            appended += 1;
+            if appended % 100_000 == 0 {
+                // Keep the sequence bounded.
+                m.free(3).unwrap();
+                m.admit(3, &cached[..100], &AdmitOptions::default()).unwrap();
+            }
+        })
+    });
+    m.free(3).unwrap();
+
+    m.admit(4, &cached, &AdmitOptions::default()).unwrap();
+    g.bench_function("fork_free_4096", |b| {
+        b.iter(|| {
+            m.fork(4, 5).unwrap();
+            m.free(5).unwrap();
+        })
+    });
+    m.free(4).unwrap();
+    g.finish();
+}
+
+/// Admit+free of a cached prompt, each of `threads` threads on its own
+/// request id; reports the time per operation pair per thread.
+fn admit_free_threads(m: &Arc<BlockManager>, cached: &Arc<Vec<u32>>, threads: u64, iters: u64) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads as usize + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (m, cached, barrier) = (m.clone(), cached.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                for _ in 0..iters {
+                    m.admit(100 + t, &cached, &AdmitOptions::default()).unwrap();
+                    m.free(100 + t).unwrap();
+                }
+                start.elapsed()
+            })
+        })
+        .collect();
+    barrier.wait();
+    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+}
+
+fn two_threads(c: &mut Criterion) {
+    let m = Arc::new(manager());
+    let cached = Arc::new(prompt(1 << 20));
+    m.admit(1, &cached, &AdmitOptions::default()).unwrap();
+    m.free(1).unwrap();
+    let mut g = c.benchmark_group("manager_2_threads");
+    g.bench_function("admit_free_4096_cached", |b| {
+        b.iter_custom(|iters| admit_free_threads(&m, &cached, 2, iters))
+    });
+    g.bench_function("match_prefix_4096", |b| {
+        b.iter_custom(|iters| {
+            let barrier = Arc::new(Barrier::new(3));
+            let handles: Vec<_> = (0..2)
+                .map(|_| {
+                    let (m, cached, barrier) = (m.clone(), cached.clone(), barrier.clone());
+                    thread::spawn(move || {
+                        barrier.wait();
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            black_box(m.match_prefix(&cached, &ExtraKeys::default()));
+                        }
+                        start.elapsed()
+                    })
+                })
+                .collect();
+            barrier.wait();
+            handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, single_thread, two_threads);
+criterion_main!(benches);
