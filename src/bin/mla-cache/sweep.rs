@@ -64,7 +64,7 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "sweep: {name}, {} {}, {} ms per output token",
+        "sweep: {name}, {}, eviction {}, {} ms per output token",
         model.name, args.eviction, args.tpot_ms
     );
     let _ = write!(
