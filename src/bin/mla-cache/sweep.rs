@@ -92,12 +92,12 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         };
         let _ = write!(
             text,
-            "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>8.0}ms",
+            "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>9.1}s",
             thousands(r.config.num_blocks as u64),
             thousands(r.cache_tokens as u64),
             100.0 * r.token_hit_rate,
             thousands(r.evictions),
-            r.queue_delay_ms.p99
+            r.queue_delay_ms.p99 / 1e3
         );
         for (s, &d) in series.iter_mut().zip(Dtype::ALL.iter()) {
             let bytes = args.cache_config(d, r.config.num_blocks)?.total_bytes() as u64;
