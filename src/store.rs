@@ -1,1 +1,4 @@
 //! Latent stores on host and GPU memory (in progress).
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
