@@ -1,4 +1,0 @@
-//! Latent stores on host and GPU memory (in progress).
-
-#[cfg(feature = "cuda")]
-pub mod cuda;
