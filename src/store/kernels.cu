@@ -176,22 +176,9 @@ __device__ __forceinline__ u32 warp_max(u32 v) {
 
 // ---------------------------------------------------------------------------
 // Write: c_kv [T, R] (row stride ckv_stride elements), k_pe [T, P] (row
-// stride kpe_stride) -> cache at slot_mapping[t] * bpt. Negative slots and
-// slots >= num_slots are skipped.
-
-struct WriteArgs {
-    const void* ckv;
-    i64 ckv_stride;
-    const void* kpe;
-    i64 kpe_stride;
-    const i64* slots;
-    i64 num_tokens;
-    u8* cache;
-    i64 num_slots;
-    int R;
-    int P;
-    int bpt;
-};
+// stride kpe_stride elements of type kpe_elem) -> cache at
+// slot_mapping[t] * bpt. Negative slots and slots >= num_slots are skipped.
+// bpt must be a multiple of 4.
 
 // Returns the token's destination, or null when the token is skipped.
 __device__ __forceinline__ u8* write_dest(const i64* slots, i64 t, u8* cache, i64 num_slots, int bpt) {
@@ -200,15 +187,26 @@ __device__ __forceinline__ u8* write_dest(const i64* slots, i64 t, u8* cache, i6
     return cache + slot * (i64)bpt;
 }
 
-template <class In>
-__device__ __forceinline__ void write_rope(const typename In::T* kpe, u8* dst, int P, int lane) {
+// RoPE values of one token to bf16; their element type (0 bf16, 1 f16,
+// 2 f32) is a kernel argument since it may differ from c_kv's.
+__device__ __forceinline__ void write_rope(const void* kpe, i64 t, i64 kpe_stride, int kpe_elem, u8* dst,
+                                           int P, int lane) {
     u16* out = (u16*)dst;
-    for (int i = lane; i < P; i += 32) out[i] = In::to_bf16(kpe[i]);
+    if (kpe_elem == 0) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InBf16::to_bf16(r[i]);
+    } else if (kpe_elem == 1) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InF16::to_bf16(r[i]);
+    } else {
+        const float* r = (const float*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InF32::to_bf16(r[i]);
+    }
 }
 
 template <class In>
-__device__ void write_bf16(const typename In::T* ckv, i64 ckv_stride, const typename In::T* kpe,
-                           i64 kpe_stride, const i64* slots, i64 num_tokens, u8* cache,
+__device__ void write_bf16(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                           int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                            i64 num_slots, int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
     i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
@@ -218,14 +216,14 @@ __device__ void write_bf16(const typename In::T* ckv, i64 ckv_stride, const type
     const typename In::T* x = ckv + t * ckv_stride;
     u16* out = (u16*)dst;
     for (int i = lane; i < R; i += 32) out[i] = In::to_bf16(x[i]);
-    write_rope<In>(kpe + t * kpe_stride, dst + 2 * R, P, lane);
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + 2 * R, P, lane);
 }
 
 // fp8_ds_mla: tiles of 128 values; lane l owns values 4l..4l+3 of each tile
 // and stores their four codes as one 32-bit word.
 template <class In>
-__device__ void write_fp8(const typename In::T* ckv, i64 ckv_stride, const typename In::T* kpe,
-                          i64 kpe_stride, const i64* slots, i64 num_tokens, u8* cache,
+__device__ void write_fp8(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                          int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                           i64 num_slots, int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
     i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
@@ -252,14 +250,14 @@ __device__ void write_fp8(const typename In::T* ckv, i64 ckv_stride, const typen
         ((u32*)(dst + tile * 128))[lane] = word;
         if (lane == 0) scales[tile] = exp2_int(e);
     }
-    write_rope<In>(kpe + t * kpe_stride, dst + R + 4 * (R / 128), P, lane);
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + R + 4 * (R / 128), P, lane);
 }
 
 // mxfp6: groups of 32 values, one value per lane; the 6-bit codes go through
 // shared memory and are packed 16 codes (three 32-bit words) at a time.
 template <class In>
-__device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const typename In::T* kpe,
-                            i64 kpe_stride, const i64* slots, i64 num_tokens, u8* cache,
+__device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                            int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                             i64 num_slots, int R, int P, int bpt) {
     extern __shared__ u32 smem_codes[];  // R bytes per warp, as words
     int lane = threadIdx.x & 31;
@@ -303,16 +301,16 @@ __device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const typ
         out[1] = (u32)(lo >> 32);
         out[2] = (u32)hi;
     }
-    write_rope<In>(kpe + t * kpe_stride, dst + 3 * R / 4 + R / 32, P, lane);
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + 3 * R / 4 + R / 32, P, lane);
 }
 
 #define WRITE_KERNEL(NAME, IMPL, IN)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
-        NAME(const void* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,                  \
+        NAME(const void* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride, int kpe_elem,    \
              const i64* slots, i64 num_tokens, u8* cache, i64 num_slots, int R, int P,          \
              int bpt) {                                                                         \
-        IMPL<IN>((const IN::T*)ckv, ckv_stride, (const IN::T*)kpe, kpe_stride, slots,           \
-                 num_tokens, cache, num_slots, R, P, bpt);                                      \
+        IMPL<IN>((const IN::T*)ckv, ckv_stride, kpe, kpe_stride, kpe_elem, slots, num_tokens,   \
+                 cache, num_slots, R, P, bpt);                                                  \
     }
 
 WRITE_KERNEL(mla_write_bf16_from_bf16, write_bf16, InBf16)

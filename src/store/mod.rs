@@ -16,6 +16,8 @@
 pub mod cuda;
 pub mod host;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaStore;
 pub use host::{HostStore, HostStoreOptions, PageKind};
 
 use std::marker::PhantomData;
