@@ -474,11 +474,15 @@ impl CudaStore {
             let base = unsafe { cu::malloc_sync(total) }.map_err(|e| {
                 driver_error(&format!("allocating {total} bytes of device memory"), e)
             })?;
-            // SAFETY: `base` holds `total` bytes.
-            if let Err(e) = unsafe { cu::memset_d8_sync(base, 0, total) } {
+            // SAFETY: `base` holds `total` bytes. The memset is asynchronous
+            // to the host: wait for it, since callers' streams need not order
+            // after the legacy default stream.
+            let zeroed =
+                unsafe { cu::memset_d8_sync(base, 0, total) }.and_then(|()| cu::ctx::synchronize());
+            if let Err(e) = zeroed {
                 // SAFETY: allocated above, never used.
                 let _ = unsafe { cu::free_sync(base) };
-                return Err(driver_error("cuMemsetD8", e));
+                return Err(driver_error("zeroing the store", e));
             }
             Ok(Self {
                 config: config.clone(),
