@@ -6,12 +6,12 @@
 //! with an error, not a panic.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod cuda_common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::*;
+use cuda_common::*;
 use cudarc::driver::result::stream::StreamKind;
 use cudarc::driver::{result as cu, sys, CudaContext};
 use half::bf16;

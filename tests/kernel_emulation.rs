@@ -7,14 +7,14 @@
 //! `MLA_CACHE_REQUIRE_EMULATION=1`.
 #![cfg(feature = "cuda")]
 
-mod common;
+mod cuda_common;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::*;
+use cuda_common::*;
 use half::bf16;
 use mla_cache::codec::ElemType;
 use mla_cache::store::cuda::{self, KernelLaunch};

@@ -44,7 +44,9 @@
 //!
 //! `x = value(code) * scale` in f32, which is exact (e4m3fn and E2M3 have 4
 //! significant bits, scales are powers of two inside the f32 range), so the
-//! bf16 decoder is exact too. Codes and scales the encoder never writes still
+//! bf16 decoder is exact too. One corner: a value within a rounding step of
+//! `f32::MAX` (above about 3.2e38) can round to the code that stands for
+//! `2^128`, which decodes to Inf. Codes and scales the encoder never writes still
 //! decode without error: the e4m3fn codes `0x7F`/`0xFF` and the UE8M0 byte
 //! 255 give NaN.
 
