@@ -12,8 +12,12 @@
 //! slots and block ids the backend can see) and returns an error, leaving the
 //! store unchanged, instead of panicking.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod host;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaStore;
 pub use host::{HostStore, HostStoreOptions, PageKind};
 
 use std::marker::PhantomData;
