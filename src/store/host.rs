@@ -12,7 +12,7 @@
 //! which bypasses the locks.
 
 use half::bf16;
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use super::{
     check_block, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
