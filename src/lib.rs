@@ -67,3 +67,8 @@ pub type BlockId = u32;
 pub type TokenId = u32;
 /// The engine's id for a request (sequence).
 pub type RequestId = u64;
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
