@@ -1,0 +1,50 @@
+"""Paged KV cache for Multi-head Latent Attention (DeepSeek-V2/V3/R1, Kimi-K2).
+
+MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
+(``c_kv``, 512 for DeepSeek) plus ``rope_dim`` decoupled RoPE key values (64).
+
+- :class:`CacheConfig`: geometry, storage format and cache policy, with model
+  presets (``CacheConfig.preset("deepseek-v3", num_blocks=..., dtype=...)``).
+- :class:`BlockManager`: block allocation, prefix sharing by chained block
+  hashes, copy-on-write for forked requests, pinning and LRU eviction;
+  thread-safe.
+- Events (:class:`BlockStored`, :class:`BlockRemoved`,
+  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
+
+Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
+``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.
+"""
+
+from ._native import (
+    Admission,
+    AllBlocksCleared,
+    AppendOutcome,
+    BlockManager,
+    BlockRemoved,
+    BlockStored,
+    CacheConfig,
+    CacheEvent,
+    ExtraKeys,
+    MultiModalKey,
+    OutOfBlocks,
+    PinBudgetExceeded,
+    PrefixMatch,
+    StorageError,
+)
+
+__all__ = [
+    "Admission",
+    "AllBlocksCleared",
+    "AppendOutcome",
+    "BlockManager",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheConfig",
+    "CacheEvent",
+    "ExtraKeys",
+    "MultiModalKey",
+    "OutOfBlocks",
+    "PinBudgetExceeded",
+    "PrefixMatch",
+    "StorageError",
+]
