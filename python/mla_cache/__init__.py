@@ -8,12 +8,17 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`BlockManager`: block allocation, prefix sharing by chained block
   hashes, copy-on-write for forked requests, pinning and LRU eviction;
   thread-safe.
+- :class:`LatentStore`: the latents of every layer on the host or a GPU in
+  ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
+  block copies, and zero-copy access (numpy views, DLPack, raw pointers).
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
   :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
 
 Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
 ``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.
 """
+
+from importlib.metadata import PackageNotFoundError, version
 
 from ._native import (
     Admission,
@@ -25,6 +30,8 @@ from ._native import (
     CacheConfig,
     CacheEvent,
     ExtraKeys,
+    LatentStore,
+    LayerBuffer,
     MultiModalKey,
     OutOfBlocks,
     PinBudgetExceeded,
@@ -42,9 +49,16 @@ __all__ = [
     "CacheConfig",
     "CacheEvent",
     "ExtraKeys",
+    "LatentStore",
+    "LayerBuffer",
     "MultiModalKey",
     "OutOfBlocks",
     "PinBudgetExceeded",
     "PrefixMatch",
     "StorageError",
 ]
+
+try:
+    __version__ = version("mla-cache")
+except PackageNotFoundError:  # imported from a source tree
+    __version__ = "0.0.0"

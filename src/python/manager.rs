@@ -13,7 +13,7 @@ use super::extra_keys;
 use super::ints;
 use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
 use super::request_ids::{self, Key, RequestIds};
-use super::tokens::tokens;
+use super::int_arrays::tokens;
 use crate::{manager, AdmitOptions, Error, TokenId};
 
 /// Calls hashing at least this many tokens release the GIL.

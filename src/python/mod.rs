@@ -3,14 +3,18 @@
 //! one place ([`errors`]).
 
 mod config;
+mod dlpack;
 mod errors;
 mod events;
 mod extra_keys;
+mod int_arrays;
 mod ints;
+mod layer_buffer;
 mod manager;
 mod outcomes;
 mod request_ids;
-mod tokens;
+mod store;
+mod tensors;
 
 use pyo3::prelude::*;
 
@@ -20,6 +24,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<config::CacheConfig>()?;
     m.add_class::<manager::BlockManager>()?;
+    m.add_class::<store::LatentStore>()?;
+    m.add_class::<layer_buffer::LayerBuffer>()?;
     m.add_class::<extra_keys::ExtraKeys>()?;
     m.add_class::<extra_keys::MultiModalKey>()?;
     m.add_class::<outcomes::Admission>()?;
