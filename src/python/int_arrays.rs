@@ -12,9 +12,15 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use crate::{BlockId, TokenId};
 
-/// Token ids (`0..=u32::MAX`); a lone int is one token.
+/// Token ids (`0..=u32::MAX`); a lone integer (an int or a numpy integer
+/// scalar) is one token.
 pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<TokenId>> {
-    if obj.is_exact_instance_of::<PyInt>() {
+    let lone = obj.is_exact_instance_of::<PyInt>()
+        || !(obj.is_instance_of::<PyList>()
+            || obj.is_instance_of::<PyTuple>()
+            || obj.is_instance_of::<PyUntypedArray>())
+            && obj.hasattr("__index__")?;
+    if lone {
         return from_items(std::iter::once(obj.clone()), 1, "token id");
     }
     int_vec(obj, "token id")

@@ -259,7 +259,11 @@ impl<'py> Tensor<'py> {
                 _ => "float32",
             })
             .collect();
-        let Elem::Float(elem) = self.elem_in(name, &allowed, &names.join(" or "))? else {
+        let expected = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        };
+        let Elem::Float(elem) = self.elem_in(name, &allowed, &expected)? else {
             unreachable!("only float types are allowed");
         };
         if self.shape.len() != 2 {
