@@ -165,9 +165,9 @@ mod tests {
         assert!(n >= STR_BASE);
         assert_eq!(ids.create(&Key::Int(5), Ok).unwrap(), 5);
         assert_eq!(ids.name(n), "'a'");
-        assert!(ids.remove(&a, |id| Ok(id)).unwrap().is_ok());
+        assert!(ids.remove(&a, Ok).unwrap().is_ok());
         assert_eq!(ids.len(), 0);
-        assert!(ids.remove(&a, |id| Ok(id)).is_none());
+        assert!(ids.remove(&a, Ok).is_none());
         // A released name gets a fresh number next time.
         assert_ne!(ids.create(&a, Ok).unwrap(), n);
     }

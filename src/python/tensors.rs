@@ -324,7 +324,7 @@ fn dtype_name(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
     }
     let numpy = dtype.py().import("numpy")?;
     if let Ok(d) = numpy.call_method1("dtype", (dtype,)) {
-        return Ok(d.getattr("name")?.extract()?);
+        return d.getattr("name")?.extract();
     }
     Ok(dtype.str()?.to_str()?.to_owned())
 }
