@@ -18,7 +18,27 @@ Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
 ``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+
+def _locate_nvrtc() -> None:
+    """Points a CUDA build at NVIDIA's NVRTC wheel (``nvidia-cuda-nvrtc-cu12``)
+    when it is installed and ``MLA_CACHE_NVRTC`` is not set."""
+    if "MLA_CACHE_NVRTC" in os.environ:
+        return
+    try:
+        import nvidia.cuda_nvrtc as nvrtc
+    except ImportError:
+        return
+    for root in nvrtc.__path__:
+        lib = os.path.join(root, "lib")
+        if os.path.isdir(lib):
+            os.environ["MLA_CACHE_NVRTC"] = lib
+            return
+
+
+_locate_nvrtc()
 
 from ._native import (
     Admission,

@@ -64,10 +64,25 @@ fn open(config: &config::CacheConfig, device: Device, huge_pages: bool) -> Resul
             config,
             HostStoreOptions { huge_pages },
         )?)),
-        Device::Cuda(n) => Err(Error::Storage(format!(
-            "cuda:{n} requested, but this build of mla_cache has no CUDA support"
-        ))),
+        Device::Cuda(n) => open_cuda(config, n),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(config: &config::CacheConfig, ordinal: usize) -> Result<Arc<dyn store::LatentStore>> {
+    match store::CudaStore::new(config, ordinal) {
+        Ok(s) => Ok(Arc::new(s)),
+        Err(Error::Storage(m)) => Err(Error::Storage(format!("cuda:{ordinal}: {m}"))),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_config: &config::CacheConfig, ordinal: usize) -> Result<Arc<dyn store::LatentStore>> {
+    Err(Error::Storage(format!(
+        "cuda:{ordinal} requested, but this build of mla_cache has no CUDA support \
+         (build it with the `cuda` feature)"
+    )))
 }
 
 /// An integer vector argument and what keeps its memory alive.
