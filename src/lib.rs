@@ -48,6 +48,8 @@ mod hash;
 mod index;
 mod manager;
 mod policy;
+#[cfg(feature = "python")]
+mod python;
 pub mod sim;
 mod stats;
 pub mod store;

@@ -1,0 +1,84 @@
+"""Paged KV cache for Multi-head Latent Attention (DeepSeek-V2/V3/R1, Kimi-K2).
+
+MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
+(``c_kv``, 512 for DeepSeek) plus ``rope_dim`` decoupled RoPE key values (64).
+
+- :class:`CacheConfig`: geometry, storage format and cache policy, with model
+  presets (``CacheConfig.preset("deepseek-v3", num_blocks=..., dtype=...)``).
+- :class:`BlockManager`: block allocation, prefix sharing by chained block
+  hashes, copy-on-write for forked requests, pinning and LRU eviction;
+  thread-safe.
+- :class:`LatentStore`: the latents of every layer on the host or a GPU in
+  ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
+  block copies, and zero-copy access (numpy views, DLPack, raw pointers).
+- Events (:class:`BlockStored`, :class:`BlockRemoved`,
+  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
+
+Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
+``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.
+"""
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+
+def _locate_nvrtc() -> None:
+    """Points a CUDA build at NVIDIA's NVRTC wheel (``nvidia-cuda-nvrtc-cu12``)
+    when it is installed and ``MLA_CACHE_NVRTC`` is not set."""
+    if "MLA_CACHE_NVRTC" in os.environ:
+        return
+    try:
+        import nvidia.cuda_nvrtc as nvrtc
+    except ImportError:
+        return
+    for root in nvrtc.__path__:
+        lib = os.path.join(root, "lib")
+        if os.path.isdir(lib):
+            os.environ["MLA_CACHE_NVRTC"] = lib
+            return
+
+
+_locate_nvrtc()
+
+from ._native import (
+    Admission,
+    AllBlocksCleared,
+    AppendOutcome,
+    BlockManager,
+    BlockRemoved,
+    BlockStored,
+    CacheConfig,
+    CacheEvent,
+    ExtraKeys,
+    LatentStore,
+    LayerBuffer,
+    MultiModalKey,
+    OutOfBlocks,
+    PinBudgetExceeded,
+    PrefixMatch,
+    StorageError,
+)
+
+__all__ = [
+    "Admission",
+    "AllBlocksCleared",
+    "AppendOutcome",
+    "BlockManager",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheConfig",
+    "CacheEvent",
+    "ExtraKeys",
+    "LatentStore",
+    "LayerBuffer",
+    "MultiModalKey",
+    "OutOfBlocks",
+    "PinBudgetExceeded",
+    "PrefixMatch",
+    "StorageError",
+]
+
+try:
+    __version__ = version("mla-cache")
+except PackageNotFoundError:  # imported from a source tree
+    __version__ = "0.0.0"

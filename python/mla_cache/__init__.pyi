@@ -1,0 +1,21 @@
+from ._native import (
+    Admission as Admission,
+    AllBlocksCleared as AllBlocksCleared,
+    AppendOutcome as AppendOutcome,
+    BlockManager as BlockManager,
+    BlockRemoved as BlockRemoved,
+    BlockStored as BlockStored,
+    CacheConfig as CacheConfig,
+    CacheEvent as CacheEvent,
+    ExtraKeys as ExtraKeys,
+    LatentStore as LatentStore,
+    LayerBuffer as LayerBuffer,
+    MultiModalKey as MultiModalKey,
+    OutOfBlocks as OutOfBlocks,
+    PinBudgetExceeded as PinBudgetExceeded,
+    PrefixMatch as PrefixMatch,
+    StorageError as StorageError,
+)
+
+__version__: str
+__all__: list[str]

@@ -1,0 +1,406 @@
+"""Type stubs of the native part of ``mla_cache`` (import ``mla_cache`` instead)."""
+
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Tuple, Union, final
+
+import numpy as np
+import numpy.typing as npt
+
+RequestId = Union[int, str]
+"""A request id: an ``int`` in ``0 .. 2**63`` or a ``str``."""
+
+TokenIds = Union[Sequence[int], npt.NDArray[np.integer[Any]], int]
+"""Token ids: a list, tuple or 1-D numpy array of any integer dtype (values in
+``0 .. 2**32``); ``append`` also takes one int."""
+
+MultiModalKeyLike = Union["MultiModalKey", Tuple[Union[str, bytes], int, int]]
+"""A ``MultiModalKey`` or a ``(hash, offset, length)`` tuple."""
+
+ExtraKeysLike = Union["ExtraKeys", Mapping[str, Any], None]
+"""An ``ExtraKeys``, a dict with some of ``"adapter"``, ``"salt"``, ``"mm"``, or ``None``."""
+
+RawTensor = Tuple[int, Sequence[int], Any]
+"""A C-contiguous tensor in the store's memory space: ``(data_ptr, shape, dtype)``,
+``dtype`` a name (``"bfloat16"``, ``"float32"``, ``"int64"``, ...), a numpy dtype or
+a torch dtype."""
+
+TensorLike = Union[npt.NDArray[Any], RawTensor, Any]
+"""A numpy array, any object with ``__dlpack__`` (torch, cupy, ...), or a raw tuple."""
+
+IntVectorLike = Union[Sequence[int], npt.NDArray[np.integer[Any]], RawTensor, Any]
+"""Integers: a list, tuple, numpy array, DLPack tensor or raw tuple (a GPU store
+takes only device tensors and raw tuples)."""
+
+DtypeName = Literal["bf16", "fp8_ds_mla", "mxfp6"]
+
+class OutOfBlocks(MemoryError):
+    """Not enough free blocks right now; nothing was allocated. Free or finish
+    requests and retry."""
+
+class PinBudgetExceeded(RuntimeError):
+    """Pinning would exceed the pinned-block budget (``CacheConfig.pin_budget``)."""
+
+class StorageError(RuntimeError):
+    """A storage backend failed or is unavailable (no GPU, no driver, ...)."""
+
+@final
+class CacheConfig:
+    """Everything the block manager and the stores need to know: geometry,
+    storage format and cache policy. Immutable; ``replace(**changes)`` returns
+    a changed copy. Raises ``ValueError`` for a configuration that cannot work."""
+
+    def __init__(
+        self,
+        num_blocks: int = 1024,
+        *,
+        block_size: int = 64,
+        num_layers: int = 1,
+        kv_lora_rank: int = 512,
+        rope_dim: int = 64,
+        dtype: str = "bf16",
+        enable_prefix_caching: bool = True,
+        eviction: str = "lru",
+        hash_seed: Optional[int] = None,
+        verify_tokens: bool = False,
+        pin_budget_blocks: Optional[int] = None,
+        enable_events: bool = False,
+        cap_hit_at_last_token: bool = True,
+    ) -> None: ...
+    @classmethod
+    def preset(
+        cls, model: str, num_blocks: int = 1024, dtype: str = "bf16", **overrides: Any
+    ) -> "CacheConfig":
+        """A config for a model preset (``deepseek-v2``, ``deepseek-v2-lite``,
+        ``deepseek-v3``, ``deepseek-r1``, ``deepseek-v3.2``, ``kimi-k2``);
+        ``overrides`` set any other field."""
+    @staticmethod
+    def presets() -> list[str]:
+        """Names of the model presets."""
+    def replace(self, **changes: Any) -> "CacheConfig":
+        """A copy with the given fields changed (validated like the constructor)."""
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as a dict (the constructor's keyword arguments)."""
+    @property
+    def num_blocks(self) -> int:
+        """Physical blocks in the cache (shared by all layers)."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def num_layers(self) -> int:
+        """Layers cached per token."""
+    @property
+    def kv_lora_rank(self) -> int:
+        """Width of the compressed latent ``c_kv``."""
+    @property
+    def rope_dim(self) -> int:
+        """Width of the decoupled RoPE key."""
+    @property
+    def dtype(self) -> DtypeName:
+        """Storage format name."""
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether full blocks are shared between requests by prefix hash."""
+    @property
+    def eviction(self) -> str:
+        """Eviction policy name (``"lru"``)."""
+    @property
+    def hash_seed(self) -> Optional[int]:
+        """Seed of the block hash chain (``None``: random per manager)."""
+    @property
+    def verify_tokens(self) -> bool:
+        """Whether token ids are compared on every prefix hit."""
+    @property
+    def pin_budget_blocks(self) -> Optional[int]:
+        """The pinned-block budget as set (``None``: half the cache)."""
+    @property
+    def enable_events(self) -> bool:
+        """Whether events are recorded for ``take_events``."""
+    @property
+    def cap_hit_at_last_token(self) -> bool:
+        """Whether an admission's hit is capped at ``len - 1`` tokens."""
+    @property
+    def pin_budget(self) -> int:
+        """The pinned-block budget in effect."""
+    @property
+    def elements_per_token(self) -> int:
+        """Elements cached per token and layer (``kv_lora_rank + rope_dim``)."""
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        """Bytes one token takes in one layer."""
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token takes over all layers."""
+    @property
+    def bytes_per_block_per_layer(self) -> int:
+        """Bytes one block takes in one layer."""
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block takes over all layers."""
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the whole cache takes over all layers."""
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the cache can hold."""
+    def blocks_for_bytes(self, n: int) -> int:
+        """How many blocks (all layers) fit in ``n`` bytes."""
+
+@final
+class MultiModalKey:
+    """A multimodal input whose placeholder tokens occupy ``offset .. offset +
+    length`` of the prompt; its content ``hash`` enters the hash of every block
+    those tokens overlap."""
+
+    def __init__(self, hash: Union[str, bytes], offset: int, length: int) -> None: ...
+    @property
+    def hash(self) -> str:
+        """Content hash of the input (bytes are stored hex-encoded)."""
+    @property
+    def offset(self) -> int:
+        """First placeholder token."""
+    @property
+    def length(self) -> int:
+        """Number of placeholder tokens."""
+
+@final
+class ExtraKeys:
+    """Keys beyond the token ids that decide whether two blocks may be shared:
+    ``adapter`` (enters every block), ``salt`` (tenant isolation: enters the
+    first block and so every later one), ``mm`` (multimodal inputs)."""
+
+    def __init__(
+        self,
+        *,
+        adapter: Optional[str] = None,
+        salt: Optional[str] = None,
+        mm: Optional[Iterable[MultiModalKeyLike]] = None,
+    ) -> None: ...
+    @property
+    def adapter(self) -> Optional[str]:
+        """The adapter name, or ``None``."""
+    @property
+    def salt(self) -> Optional[str]:
+        """The cache salt, or ``None``."""
+    @property
+    def mm(self) -> Tuple[MultiModalKey, ...]:
+        """The multimodal inputs."""
+
+@final
+class Admission:
+    """The outcome of ``BlockManager.admit``."""
+
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]:
+        """The request's block table, reserved room included."""
+    @property
+    def num_cached_tokens(self) -> int:
+        """Leading prompt tokens whose KV is already cached."""
+
+@final
+class PrefixMatch:
+    """The outcome of ``BlockManager.match_prefix``."""
+
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]:
+        """Cached blocks of the longest cached prefix."""
+    @property
+    def num_tokens(self) -> int:
+        """Tokens those blocks cover."""
+
+@final
+class AppendOutcome:
+    """The outcome of ``BlockManager.append``."""
+
+    @property
+    def new_block_ids(self) -> npt.NDArray[np.int32]:
+        """Blocks added to the end of the request's table."""
+    @property
+    def copies(self) -> list[Tuple[int, int]]:
+        """``(src, dst)`` block copies to perform before writing the new tokens."""
+
+class CacheEvent:
+    """Base class of every event from ``BlockManager.take_events``."""
+
+@final
+class BlockStored(CacheEvent):
+    """Consecutive blocks of one hash chain entered the prefix index."""
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """Hashes of the stored blocks, in chain order (128-bit ints)."""
+    @property
+    def parent_block_hash(self) -> Optional[int]:
+        """Hash of the block before the first one; ``None`` for a chain's root."""
+    @property
+    def token_ids(self) -> list[int]:
+        """The blocks' token ids, ``block_size`` per block."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def adapter(self) -> Optional[str]:
+        """Adapter the blocks were computed with (vLLM's ``lora_name``)."""
+
+@final
+class BlockRemoved(CacheEvent):
+    """Blocks left the prefix index (evicted to make room)."""
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """Hashes of the removed blocks (128-bit ints)."""
+
+@final
+class AllBlocksCleared(CacheEvent):
+    """The whole prefix cache was reset."""
+
+@final
+class BlockManager:
+    """A paged MLA cache's bookkeeping: block allocation, prefix sharing by
+    chained block hashes, copy-on-write for forked requests, pinning and LRU
+    eviction. Thread-safe; a failing call raises and changes nothing."""
+
+    def __init__(self, config: CacheConfig) -> None: ...
+    @property
+    def config(self) -> CacheConfig:
+        """The configuration."""
+    def admit(
+        self,
+        request_id: RequestId,
+        tokens: TokenIds,
+        *,
+        decode_slots: int = 0,
+        extra_keys: ExtraKeysLike = None,
+        salt: Optional[str] = None,
+        chunked_prefill: bool = False,
+    ) -> Admission:
+        """Admits a request with its prompt, reusing the longest cached prefix
+        (capped at ``len(tokens) - 1``) and reserving ``decode_slots`` more slots.
+        All or nothing: raises ``OutOfBlocks`` (fits later) or ``ValueError``
+        (never fits, or already admitted)."""
+    def match_prefix(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> PrefixMatch:
+        """The longest cached prefix of ``tokens``, without taking references."""
+    def append(self, request_id: RequestId, tokens: TokenIds) -> AppendOutcome:
+        """Appends generated tokens; returns new blocks and copy-on-write copies."""
+    def commit(self, request_id: RequestId, num_computed_tokens: int) -> None:
+        """Reports chunked-prefill progress; full computed blocks become shareable."""
+    def fork(self, parent: RequestId, child: RequestId) -> None:
+        """Creates ``child`` sharing every block of ``parent`` that holds tokens."""
+    def free(self, request_id: RequestId) -> None:
+        """Frees a request, tail first; its full blocks stay cached until evicted."""
+    def block_table(self, request_id: RequestId) -> npt.NDArray[np.int32]:
+        """The request's block table, reserved room included."""
+    def slot_mapping(self, request_id: RequestId, start: int, end: int) -> npt.NDArray[np.int64]:
+        """Slot numbers (``block_id * block_size + offset``) of positions ``start .. end``."""
+    def num_tokens(self, request_id: RequestId) -> int:
+        """Tokens (prompt and appended) of a request."""
+    def pin(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> int:
+        """Pins the cached full blocks of a prefix; returns the tokens pinned."""
+    def unpin(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> int:
+        """Releases one pin of each pinned block of a prefix; returns the tokens unpinned."""
+    def stats(self) -> dict[str, Union[int, float]]:
+        """A snapshot of gauges and counters."""
+    def take_events(self) -> list[CacheEvent]:
+        """Events recorded since the last call, oldest first."""
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached block; ``False`` (no change) while blocks are in use."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds."""
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use."""
+    def _check_invariants(self) -> None:
+        """Checks every bookkeeping invariant (for tests); raises ``AssertionError``."""
+
+@final
+class LayerBuffer:
+    """The memory of one layer of a ``LatentStore`` (``uint8``, ``[num_blocks,
+    block_size, bytes_per_token]``), exported through DLPack; keeps the store alive."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule (unversioned ``"dltensor"``) of the layer."""
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """``(device_type, device_id)``: 1 = CPU, 2 = CUDA."""
+    def data_ptr(self) -> int:
+        """Address of the layer's first byte."""
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """``(num_blocks, block_size, bytes_per_token)``."""
+    @property
+    def strides(self) -> Tuple[int, int, int]:
+        """Strides in bytes."""
+    @property
+    def dtype(self) -> Literal["uint8"]:
+        """Element type of the buffer."""
+    @property
+    def format(self) -> DtypeName:
+        """Storage format of the latents in it."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    @property
+    def layer(self) -> int:
+        """The layer index."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the layer."""
+
+@final
+class LatentStore:
+    """The cached latents of every layer on ``device`` (``"cpu"`` or ``"cuda:N"``),
+    in the config's storage format. Raises ``StorageError`` when the device is
+    unavailable."""
+
+    def __init__(self, config: CacheConfig, device: str = "cpu", *, huge_pages: bool = False) -> None: ...
+    @property
+    def config(self) -> CacheConfig:
+        """The configuration."""
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    def write(
+        self,
+        layer: int,
+        c_kv: TensorLike,
+        k_pe: TensorLike,
+        slot_mapping: IntVectorLike,
+        *,
+        stream: int = 0,
+    ) -> None:
+        """Quantizes and stores ``c_kv [T, kv_lora_rank]`` and ``k_pe [T, rope_dim]``
+        (bfloat16, float16 or float32) at ``slot_mapping [T]`` (int64; negative: skip)."""
+    def gather(
+        self,
+        layer: int,
+        block_table: IntVectorLike,
+        num_tokens: int,
+        *,
+        dtype: Optional[Literal["float32", "bfloat16"]] = None,
+        out: Optional[TensorLike] = None,
+        stream: int = 0,
+    ) -> Any:
+        """Decodes the first ``num_tokens`` tokens of a sequence into
+        ``[num_tokens, kv_lora_rank + rope_dim]`` values (into ``out`` if given)."""
+    def copy_blocks(
+        self, pairs: Union[Iterable[Tuple[int, int]], npt.NDArray[np.integer[Any]]], *, stream: int = 0
+    ) -> None:
+        """Copies whole blocks ``src -> dst`` in every layer."""
+    def layer_buffer(self, layer: int) -> Union[npt.NDArray[np.uint8], LayerBuffer]:
+        """A numpy ``uint8`` view of a layer (host) or a ``LayerBuffer`` (GPU)."""
+    def layer_view(self, layer: int) -> LayerBuffer:
+        """A ``LayerBuffer`` of a layer, on any device."""
+    def data_ptr(self, layer: int) -> int:
+        """Address of the first byte of a layer."""

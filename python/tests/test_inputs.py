@@ -1,0 +1,131 @@
+"""Token ids from every accepted container, and the errors for the rest."""
+
+import array
+
+import numpy as np
+import pytest
+
+from mla_cache import BlockManager
+
+from conftest import small_config
+
+INT_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+
+
+@pytest.fixture
+def m():
+    return BlockManager(small_config(num_blocks=64))
+
+
+def blocks_for(m, tokens):
+    m.admit("probe", tokens)
+    table = list(m.block_table("probe"))
+    n = m.num_tokens("probe")
+    m.free("probe")
+    return n, table
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_every_integer_dtype(m, dtype):
+    values = np.arange(10, dtype=dtype)
+    m.admit(1, list(range(10)))
+    hit = m.match_prefix(values)
+    assert hit.num_tokens == 8
+    m.admit(2, values)
+    assert m.admit(3, values[::-1].copy()).num_cached_tokens == 0
+
+
+def test_lists_tuples_ranges_iterables_and_numpy_scalars(m):
+    m.admit(1, list(range(9)))
+    for tokens in (tuple(range(9)), range(9), array.array("I", range(9)), iter(range(9)),
+                   [np.int64(i) for i in range(9)]):
+        assert m.match_prefix(tokens).num_tokens == 8
+
+
+def test_non_contiguous_and_byte_swapped_arrays(m):
+    base = np.arange(40, dtype=np.int64)
+    m.admit(1, base[::2].copy())
+    strided = base[::2]
+    assert not strided.flags.c_contiguous
+    assert m.match_prefix(strided).num_tokens == 20
+    swapped = base[::2].astype(">i4")
+    assert m.match_prefix(swapped).num_tokens == 20
+    fortran_col = np.asfortranarray(np.stack([base[::2], base[::2]], axis=1))[:, 0]
+    assert m.match_prefix(fortran_col).num_tokens == 20
+    readonly = base[::2].copy()
+    readonly.setflags(write=False)
+    assert m.match_prefix(readonly).num_tokens == 20
+
+
+def test_a_lone_int_is_one_token(m):
+    m.admit(1, 5)
+    assert m.num_tokens(1) == 1
+    m.append(1, np.int64(6))
+    assert m.num_tokens(1) == 2
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [1, -1],
+        [2**32],
+        [2**64],
+        np.array([0, -5], dtype=np.int8),
+        np.array([2**32], dtype=np.int64),
+        np.array([2**63], dtype=np.uint64),
+        np.array([-1], dtype=np.int64)[::1],
+        -1,
+    ],
+)
+def test_out_of_range_token_ids_are_value_errors(m, tokens):
+    with pytest.raises(ValueError, match="outside"):
+        m.admit(1, tokens)
+    with pytest.raises(KeyError):
+        m.free(1)
+
+
+def test_largest_token_id_is_accepted(m):
+    m.admit(1, [2**32 - 1, 0])
+    m.admit(2, np.array([2**32 - 1], dtype=np.uint32))
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        np.arange(4, dtype=np.float32),
+        np.array([True, False]),
+        [1.0, 2.0],
+        [1, "2"],
+        [True],
+        "abc",
+        b"abc",
+        None,
+        3.5,
+        {1: 2}.items(),
+    ],
+)
+def test_non_integer_tokens_are_type_errors(m, tokens):
+    with pytest.raises(TypeError):
+        m.admit(1, tokens)
+
+
+def test_wrong_shapes_are_value_errors(m):
+    with pytest.raises(ValueError, match="1-D"):
+        m.admit(1, np.zeros((2, 3), dtype=np.int32))
+    with pytest.raises(ValueError, match="1-D"):
+        m.admit(1, np.array(3))
+
+
+def test_result_arrays_have_fixed_dtypes(m):
+    a = m.admit(1, np.arange(7, dtype=np.int8), decode_slots=3)
+    assert a.block_ids.dtype == np.int32 and a.block_ids.ndim == 1
+    assert m.block_table(1).dtype == np.int32
+    assert m.slot_mapping(1, 0, 10).dtype == np.int64
+    assert m.append(1, [1]).new_block_ids.dtype == np.int32
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, 1.5, "3", None])
+def test_counts_are_checked(m, bad):
+    error = TypeError if isinstance(bad, (float, str, type(None))) else ValueError
+    with pytest.raises(error):
+        m.admit(1, [1], decode_slots=bad)

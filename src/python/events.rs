@@ -1,0 +1,115 @@
+//! Cache events for KV-aware routers, mirroring vLLM's `BlockStored`,
+//! `BlockRemoved` and `AllBlocksCleared`. Block hashes are 128-bit ints.
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use pyo3::PyClassInitializer;
+
+use crate::CacheEvent as Event;
+
+/// Base class of every event from ``BlockManager.take_events``.
+#[pyclass(frozen, subclass, module = "mla_cache")]
+pub struct CacheEvent;
+
+/// Consecutive blocks of one hash chain entered the prefix index.
+#[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
+#[derive(PartialEq, Eq)]
+pub struct BlockStored {
+    /// Hashes of the stored blocks, in chain order (128-bit ints).
+    #[pyo3(get)]
+    block_hashes: Vec<u128>,
+    /// Hash of the block before the first one; ``None`` for a chain's root.
+    #[pyo3(get)]
+    parent_block_hash: Option<u128>,
+    token_ids: Vec<u32>,
+    /// Tokens per block.
+    #[pyo3(get)]
+    block_size: usize,
+    /// Adapter the blocks were computed with (vLLM's ``lora_name``), or ``None``.
+    #[pyo3(get)]
+    adapter: Option<String>,
+}
+
+#[pymethods]
+impl BlockStored {
+    /// The blocks' token ids, ``block_size`` per block.
+    #[getter]
+    fn token_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, &self.token_ids)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockStored(block_hashes=[{} hashes], parent_block_hash={}, token_ids=[{} tokens], \
+             block_size={}, adapter={})",
+            self.block_hashes.len(),
+            self.parent_block_hash
+                .map_or_else(|| "None".into(), |h| format!("{h:#x}")),
+            self.token_ids.len(),
+            self.block_size,
+            self.adapter
+                .as_ref()
+                .map_or_else(|| "None".into(), |a| format!("{a:?}")),
+        )
+    }
+}
+
+/// Blocks left the prefix index (evicted to make room).
+#[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
+#[derive(PartialEq, Eq)]
+pub struct BlockRemoved {
+    /// Hashes of the removed blocks (128-bit ints).
+    #[pyo3(get)]
+    block_hashes: Vec<u128>,
+}
+
+#[pymethods]
+impl BlockRemoved {
+    fn __repr__(&self) -> String {
+        format!("BlockRemoved(block_hashes=[{} hashes])", self.block_hashes.len())
+    }
+}
+
+/// The whole prefix cache was reset.
+#[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
+#[derive(PartialEq, Eq)]
+pub struct AllBlocksCleared;
+
+#[pymethods]
+impl AllBlocksCleared {
+    fn __repr__(&self) -> &'static str {
+        "AllBlocksCleared()"
+    }
+}
+
+/// The Python object of one event.
+pub(crate) fn to_py(py: Python<'_>, event: Event) -> PyResult<Bound<'_, PyAny>> {
+    let base = PyClassInitializer::from(CacheEvent);
+    Ok(match event {
+        Event::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            adapter,
+        } => Bound::new(
+            py,
+            base.add_subclass(BlockStored {
+                block_hashes: block_hashes.iter().map(|h| h.0).collect(),
+                parent_block_hash: parent_block_hash.map(|h| h.0),
+                token_ids,
+                block_size,
+                adapter: adapter.map(|a| a.to_string()),
+            }),
+        )?
+        .into_any(),
+        Event::BlockRemoved { block_hashes } => Bound::new(
+            py,
+            base.add_subclass(BlockRemoved {
+                block_hashes: block_hashes.iter().map(|h| h.0).collect(),
+            }),
+        )?
+        .into_any(),
+        Event::AllBlocksCleared => Bound::new(py, base.add_subclass(AllBlocksCleared))?.into_any(),
+    })
+}

@@ -1,0 +1,201 @@
+//! Integer arrays from Python (token ids, slot numbers, block ids): lists,
+//! tuples, numpy arrays of any integer dtype (contiguous or strided, any byte
+//! order) and other iterables of ints. Values the target type cannot hold
+//! are a `ValueError`, non-integers a `TypeError`.
+
+use std::fmt::Display;
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+
+use crate::{BlockId, TokenId};
+
+/// Token ids (`0..=u32::MAX`); a lone integer (an int or a numpy integer
+/// scalar) is one token.
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<TokenId>> {
+    let lone = obj.is_exact_instance_of::<PyInt>()
+        || !(obj.is_instance_of::<PyList>()
+            || obj.is_instance_of::<PyTuple>()
+            || obj.is_instance_of::<PyUntypedArray>())
+            && obj.hasattr("__index__")?;
+    if lone {
+        return from_items(std::iter::once(obj.clone()), 1, "token id");
+    }
+    int_vec(obj, "token id")
+}
+
+/// Slot numbers (`i64`; negative ones mean "skip this token").
+pub(crate) fn slots(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    int_vec(obj, "slot")
+}
+
+/// Block ids (`0..=u32::MAX`; the store checks them against `num_blocks`).
+pub(crate) fn block_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockId>> {
+    int_vec(obj, "block id")
+}
+
+/// `(src, dst)` block pairs: an iterable of pairs or an `[N, 2]` integer array.
+pub(crate) fn pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(BlockId, BlockId)>> {
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        if array.ndim() != 2 || array.shape()[1] != 2 {
+            return Err(PyValueError::new_err(format!(
+                "block pairs must have shape [N, 2], got {:?}",
+                array.shape()
+            )));
+        }
+        let flat: Vec<BlockId> = int_vec(&array.call_method1("reshape", (-1,))?, "block id")?;
+        return Ok(flat.chunks_exact(2).map(|p| (p[0], p[1])).collect());
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter()? {
+        let pair: Vec<BlockId> = int_vec(&item?, "block id")?;
+        match pair[..] {
+            [src, dst] => out.push((src, dst)),
+            _ => return Err(PyValueError::new_err("each block pair must be (src, dst)")),
+        }
+    }
+    Ok(out)
+}
+
+/// A 1-D integer sequence or array, each value converted to `O`.
+fn int_vec<O: Target>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<O>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return from_items(list.iter(), list.len(), what);
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return from_items(tuple.iter(), tuple.len(), what);
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return from_array(array, what);
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what}s must be a sequence or array of ints, not str or bytes"
+        )));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what}s must be a list, tuple or integer array, got {}",
+            type_name(obj)
+        ))
+    })?;
+    let items: Vec<Bound<'_, PyAny>> = iter.collect::<PyResult<_>>()?;
+    let n = items.len();
+    from_items(items.into_iter(), n, what)
+}
+
+/// The integer types arrays convert to.
+trait Target:
+    Copy
+    + TryFrom<i64>
+    + TryFrom<u64>
+    + TryFrom<i32>
+    + TryFrom<u32>
+    + TryFrom<i16>
+    + TryFrom<u16>
+    + TryFrom<i8>
+    + TryFrom<u8>
+{
+    /// The range, for messages.
+    const RANGE: &'static str;
+}
+
+impl Target for u32 {
+    const RANGE: &'static str = "0..=4294967295";
+}
+
+impl Target for i64 {
+    const RANGE: &'static str = "-2**63..2**63";
+}
+
+fn from_items<'py, O: Target>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    len: usize,
+    what: &str,
+) -> PyResult<Vec<O>> {
+    let mut out = Vec::with_capacity(len);
+    for (i, item) in items.enumerate() {
+        if item.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!("{what} at position {i} is a bool")));
+        }
+        match item.extract::<i64>() {
+            Ok(v) => out.push(O::try_from(v).map_err(|_| out_of_range::<O>(&v, i, what))?),
+            Err(_) if item.hasattr("__index__")? => return Err(out_of_range::<O>(&item, i, what)),
+            Err(_) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{what} at position {i} must be an int, got {}",
+                    type_name(&item)
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn from_array<O: Target>(array: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Vec<O>> {
+    if array.ndim() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "{what}s must be a 1-D array, got shape {:?}",
+            array.shape()
+        )));
+    }
+    macro_rules! typed {
+        ($($t:ty),*) => {$(
+            if let Ok(a) = array.cast::<PyArray1<$t>>() {
+                return from_typed(a, what);
+            }
+        )*};
+    }
+    typed!(u32, i64, i32, u64, u16, i16, u8, i8);
+    let dtype = array.dtype();
+    match dtype.kind() {
+        // An integer dtype in non-native byte order: convert once to native.
+        kind @ (b'i' | b'u') => {
+            let native = if kind == b'i' { "=i8" } else { "=u8" };
+            let converted = array.call_method1("astype", (native,))?;
+            from_array(converted.cast::<PyUntypedArray>()?, what)
+        }
+        _ => Err(PyTypeError::new_err(format!(
+            "{what}s must have an integer dtype, got {dtype}"
+        ))),
+    }
+}
+
+fn from_typed<T, O>(array: &Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Vec<O>>
+where
+    T: numpy::Element + Copy + Display,
+    O: Target + TryFrom<T>,
+{
+    let ro = array
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{what}s: {e}")))?;
+    let mut out = Vec::with_capacity(ro.len());
+    let mut push = |i: usize, v: T| -> PyResult<()> {
+        out.push(O::try_from(v).map_err(|_| out_of_range::<O>(&v, i, what))?);
+        Ok(())
+    };
+    match ro.as_slice() {
+        Ok(slice) => slice.iter().enumerate().try_for_each(|(i, &v)| push(i, v))?,
+        Err(_) => ro
+            .as_array()
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, &v)| push(i, v))?,
+    }
+    Ok(out)
+}
+
+fn out_of_range<O: Target>(value: &dyn Display, i: usize, what: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "{what} {value} at position {i} is outside {}",
+        O::RANGE
+    ))
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}

@@ -1,0 +1,331 @@
+//! `BlockManager`: the Rust [`manager::BlockManager`] with Python request
+//! ids, token ids from lists or numpy arrays, and numpy results.
+
+use numpy::PyArray1;
+use pyo3::exceptions::PyAssertionError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::config::CacheConfig;
+use super::errors;
+use super::events;
+use super::extra_keys;
+use super::ints;
+use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
+use super::request_ids::{self, Key, RequestIds};
+use super::int_arrays::tokens;
+use crate::{manager, AdmitOptions, Error, TokenId};
+
+/// Calls hashing at least this many tokens release the GIL.
+const DETACH_MIN_TOKENS: usize = 1024;
+
+/// A paged MLA cache's bookkeeping: block allocation, prefix sharing by
+/// chained block hashes, copy-on-write for forked requests, pinning and LRU
+/// eviction. It holds no KV data: it hands out block ids and slot numbers for
+/// the engine's (or ``LatentStore``'s) buffers.
+///
+/// Thread-safe: any number of Python threads may call one manager; calls
+/// that hash long prompts release the GIL. A failing call raises and changes
+/// nothing.
+///
+/// Request ids are ``int`` (``0 <= id < 2**63``) or ``str``. Token ids are a
+/// list, tuple or 1-D numpy array of any integer dtype, with values in
+/// ``0 .. 2**32``. ``extra_keys`` is an ``ExtraKeys``, a dict with keys
+/// ``"adapter"``, ``"salt"``, ``"mm"``, or ``None``; ``salt=`` is a shortcut
+/// for its salt.
+///
+/// Raises ``OutOfBlocks`` (a ``MemoryError``) when blocks run short now,
+/// ``KeyError`` for an unknown request, ``ValueError`` for bad input
+/// (including a request larger than the whole cache) and ``TypeError`` for
+/// arguments of the wrong type.
+#[pyclass(frozen, module = "mla_cache")]
+pub struct BlockManager {
+    inner: manager::BlockManager,
+    config: Py<CacheConfig>,
+    ids: RequestIds,
+}
+
+impl BlockManager {
+    fn err(&self, e: Error) -> PyErr {
+        errors::to_py_named(e, &|id| self.ids.name(id))
+    }
+
+    fn id(obj: &Bound<'_, PyAny>) -> PyResult<Key> {
+        Key::extract(obj)
+    }
+}
+
+/// Runs `f`, without the GIL when it hashes `n` tokens or more.
+fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
+    if n >= DETACH_MIN_TOKENS {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
+#[pymethods]
+impl BlockManager {
+    #[new]
+    fn new(config: Bound<'_, CacheConfig>) -> PyResult<Self> {
+        let inner = manager::BlockManager::new(config.get().0.clone()).map_err(errors::to_py)?;
+        Ok(Self {
+            inner,
+            config: config.unbind(),
+            ids: RequestIds::default(),
+        })
+    }
+
+    /// The configuration.
+    #[getter]
+    fn config(&self, py: Python<'_>) -> Py<CacheConfig> {
+        self.config.clone_ref(py)
+    }
+
+    /// Admits ``request_id`` with its prompt ``tokens``, reusing the longest
+    /// cached prefix (capped at ``len(tokens) - 1`` tokens unless the config
+    /// says otherwise) and reserving ``decode_slots`` more token slots.
+    ///
+    /// All or nothing: the request holds exactly
+    /// ``ceil((len(tokens) + decode_slots) / block_size)`` blocks, or the call
+    /// raises ``OutOfBlocks`` (fits later) or ``ValueError`` (never fits, or
+    /// the id is already admitted) and changes nothing.
+    ///
+    /// With ``chunked_prefill=True`` the engine reports progress with
+    /// ``commit``, and uncomputed blocks are never served to other requests;
+    /// otherwise the whole prompt counts as computed at once.
+    #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        #[pyo3(from_py_with = ints::size)] decode_slots: usize,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+        chunked_prefill: bool,
+    ) -> PyResult<Admission> {
+        let key = Self::id(request_id)?;
+        let opts = AdmitOptions {
+            decode_slots,
+            keys: extra_keys::extract(extra_keys, salt)?,
+            chunked_prefill,
+        };
+        let admitted = hashing(py, tokens.len(), || {
+            self.ids
+                .create(&key, |id| self.inner.admit(id, &tokens, &opts))
+        });
+        Ok(Admission::new(py, admitted.map_err(|e| self.err(e))?))
+    }
+
+    /// The longest cached prefix of ``tokens`` (whole blocks), without
+    /// admitting anything or taking references: the blocks may be evicted
+    /// right after. Not capped at ``len - 1``.
+    #[pyo3(signature = (tokens, *, extra_keys = None, salt = None))]
+    fn match_prefix(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+    ) -> PyResult<PrefixMatch> {
+        let keys = extra_keys::extract(extra_keys, salt)?;
+        let found = hashing(py, tokens.len(), || self.inner.match_prefix(&tokens, &keys));
+        Ok(PrefixMatch::new(py, found))
+    }
+
+    /// Appends generated ``tokens`` (a sequence, an array or one int) to
+    /// ``request_id``. Fills the reserved room first and takes a new block
+    /// only when it is full; a partial tail shared with a fork is first
+    /// copied to a fresh block, returned in ``copies`` for the engine (or
+    /// ``LatentStore.copy_blocks``) to perform before writing.
+    fn append(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+    ) -> PyResult<AppendOutcome> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        let outcome = self.inner.append(id, &tokens).map_err(|e| self.err(e))?;
+        AppendOutcome::new(py, outcome)
+    }
+
+    /// Reports that the first ``num_computed_tokens`` tokens of
+    /// ``request_id`` have their KV written (chunked prefill); full blocks
+    /// among them become shareable. Progress only moves forward.
+    fn commit(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
+    ) -> PyResult<()> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        self.inner
+            .commit(id, num_computed_tokens)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Creates request ``child`` sharing every block of ``parent`` that holds
+    /// tokens (parallel sampling, beam search). Takes no new block: the first
+    /// append to a shared partial tail copies it.
+    fn fork(&self, parent: &Bound<'_, PyAny>, child: &Bound<'_, PyAny>) -> PyResult<()> {
+        let parent = self.ids.get(&Self::id(parent)?)?;
+        let child = Self::id(child)?;
+        self.ids
+            .create(&child, |c| self.inner.fork(parent, c))
+            .map_err(|e| self.err(e))
+    }
+
+    /// Frees ``request_id``: its blocks are released tail first, so the
+    /// deepest blocks of a prefix chain are evicted before its root. Its
+    /// full blocks stay cached for later hits until evicted.
+    fn free(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = Self::id(request_id)?;
+        match self.ids.remove(&key, |id| self.inner.free(id)) {
+            Some(done) => done.map_err(|e| self.err(e)),
+            None => Err(request_ids::unknown(&key)),
+        }
+    }
+
+    /// The block table of ``request_id`` (numpy int32), reserved room included.
+    fn block_table(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyArray1<i32>>> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        let table = self.inner.block_table(id).map_err(|e| self.err(e))?;
+        Ok(block_array(py, table))
+    }
+
+    /// Slot numbers (``block_id * block_size + offset``, numpy int64) of
+    /// token positions ``start .. end`` of ``request_id``; positions may
+    /// reach into its reserved room.
+    fn slot_mapping(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = ints::size)] start: usize,
+        #[pyo3(from_py_with = ints::size)] end: usize,
+    ) -> PyResult<Py<PyArray1<i64>>> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        let slots = self
+            .inner
+            .slot_mapping(id, start..end)
+            .map_err(|e| self.err(e))?;
+        Ok(PyArray1::from_vec(py, slots).unbind())
+    }
+
+    /// Tokens (prompt and appended) of ``request_id``.
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        self.inner.num_tokens(id).map_err(|e| self.err(e))
+    }
+
+    /// Pins the cached full blocks of the prefix ``tokens``: they are neither
+    /// evicted nor reused until ``unpin``. Returns the tokens pinned (0 when
+    /// nothing of the prefix is cached). Pins nest. Raises
+    /// ``PinBudgetExceeded`` past ``CacheConfig.pin_budget`` blocks.
+    #[pyo3(signature = (tokens, *, extra_keys = None, salt = None))]
+    fn pin(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+    ) -> PyResult<usize> {
+        let keys = extra_keys::extract(extra_keys, salt)?;
+        hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
+    }
+
+    /// Releases one pin of each pinned block of the prefix ``tokens``;
+    /// returns the tokens unpinned. ``ValueError`` if the prefix's first
+    /// block is not pinned.
+    #[pyo3(signature = (tokens, *, extra_keys = None, salt = None))]
+    fn unpin(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+    ) -> PyResult<usize> {
+        let keys = extra_keys::extract(extra_keys, salt)?;
+        hashing(py, tokens.len(), || self.inner.unpin(&tokens, &keys)).map_err(errors::to_py)
+    }
+
+    /// A snapshot of gauges and counters as a dict: ``num_blocks``,
+    /// ``free_blocks``, ``used_blocks``, ``cached_blocks``, ``pinned_blocks``,
+    /// ``num_requests``, ``prefix_query_tokens``, ``prefix_hit_tokens``,
+    /// ``prefix_query_requests``, ``prefix_hit_requests``, ``evictions``,
+    /// ``cow_copies``, ``blocks_stored`` (ints), ``usage`` and ``hit_rate``
+    /// (floats in ``[0, 1]``).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("num_blocks", s.num_blocks)?;
+        d.set_item("free_blocks", s.free_blocks)?;
+        d.set_item("used_blocks", s.used_blocks)?;
+        d.set_item("cached_blocks", s.cached_blocks)?;
+        d.set_item("pinned_blocks", s.pinned_blocks)?;
+        d.set_item("num_requests", s.num_requests)?;
+        d.set_item("prefix_query_tokens", s.prefix_query_tokens)?;
+        d.set_item("prefix_hit_tokens", s.prefix_hit_tokens)?;
+        d.set_item("prefix_query_requests", s.prefix_query_requests)?;
+        d.set_item("prefix_hit_requests", s.prefix_hit_requests)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("cow_copies", s.cow_copies)?;
+        d.set_item("blocks_stored", s.blocks_stored)?;
+        d.set_item("usage", s.usage())?;
+        d.set_item("hit_rate", s.hit_rate())?;
+        Ok(d)
+    }
+
+    /// Events recorded since the last call, oldest first: ``BlockStored``,
+    /// ``BlockRemoved`` and ``AllBlocksCleared`` (empty unless the config
+    /// sets ``enable_events``).
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for e in self.inner.take_events() {
+            list.append(events::to_py(py, e)?)?;
+        }
+        Ok(list)
+    }
+
+    /// Drops every cached block from the prefix index. Returns ``False``
+    /// (and changes nothing) while any block is held by a request or a pin.
+    fn reset_prefix_cache(&self) -> PyResult<bool> {
+        match self.inner.reset_prefix_cache() {
+            Ok(()) => Ok(true),
+            Err(Error::BlocksInUse(_)) => Ok(false),
+            Err(e) => Err(errors::to_py(e)),
+        }
+    }
+
+    /// Blocks no request holds.
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    /// Fraction of blocks in use, ``0.0 ..= 1.0``.
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    /// Checks every bookkeeping invariant (for tests); raises
+    /// ``AssertionError`` describing the first violation.
+    fn _check_invariants(&self) -> PyResult<()> {
+        self.inner
+            .check_invariants()
+            .map_err(PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.inner.stats();
+        format!(
+            "BlockManager(num_blocks={}, free_blocks={}, cached_blocks={}, num_requests={})",
+            s.num_blocks, s.free_blocks, s.cached_blocks, s.num_requests
+        )
+    }
+}

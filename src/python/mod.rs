@@ -1,0 +1,42 @@
+//! The `mla_cache._native` Python module (feature `python`). Thin bindings:
+//! each class lives in its own file, and errors map to Python exceptions in
+//! one place ([`errors`]).
+
+mod config;
+mod dlpack;
+mod errors;
+mod events;
+mod extra_keys;
+mod int_arrays;
+mod ints;
+mod layer_buffer;
+mod manager;
+mod outcomes;
+mod request_ids;
+mod store;
+mod tensors;
+
+use pyo3::prelude::*;
+
+/// Native part of the ``mla_cache`` package; import ``mla_cache`` instead.
+#[pymodule(gil_used = false)]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<config::CacheConfig>()?;
+    m.add_class::<manager::BlockManager>()?;
+    m.add_class::<store::LatentStore>()?;
+    m.add_class::<layer_buffer::LayerBuffer>()?;
+    m.add_class::<extra_keys::ExtraKeys>()?;
+    m.add_class::<extra_keys::MultiModalKey>()?;
+    m.add_class::<outcomes::Admission>()?;
+    m.add_class::<outcomes::PrefixMatch>()?;
+    m.add_class::<outcomes::AppendOutcome>()?;
+    m.add_class::<events::CacheEvent>()?;
+    m.add_class::<events::BlockStored>()?;
+    m.add_class::<events::BlockRemoved>()?;
+    m.add_class::<events::AllBlocksCleared>()?;
+    m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;
+    m.add("PinBudgetExceeded", py.get_type::<errors::PinBudgetExceeded>())?;
+    m.add("StorageError", py.get_type::<errors::StorageError>())?;
+    Ok(())
+}
