@@ -16,7 +16,7 @@ MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvr
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
 echo "== clippy"
-cargo clippy --release --features cuda --all-targets -- -D warnings
+cargo clippy --release --features cuda,python --all-targets -- -D warnings
 
 echo "== cargo test (unit, integration, CLI, codecs, stores, CUDA compile + emulation)"
 cargo test --release --features cuda --all-targets
@@ -25,3 +25,7 @@ cargo test --release --features cuda --doc
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --release --test 'loom_*'
+
+echo "== python module (maturin) and its tests"
+.venv/bin/maturin develop --release --quiet
+.venv/bin/python -m pytest -q python/tests
