@@ -1,1 +1,0 @@
-//! Latent storage formats: CPU reference encoders and decoders (in progress).

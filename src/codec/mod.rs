@@ -1,0 +1,266 @@
+//! Latent storage formats: CPU reference encoders and decoders.
+//!
+//! One cached latent (one token of one layer) is `kv_lora_rank` NoPE values
+//! (`c_kv`) followed by `rope_dim` RoPE values (`k_pe`), 512 + 64 for the
+//! DeepSeek family. A [`Codec`] turns one latent into the bytes of a
+//! [`Dtype`] and back. The layouts are exact (DESIGN.md section 2); with
+//! `R = kv_lora_rank`:
+//!
+//! | format       | NoPE codes        | scales                        | RoPE (bf16)       | bytes (512+64) |
+//! |--------------|-------------------|-------------------------------|-------------------|----------------|
+//! | `bf16`       | `[0, 2R)` bf16    | none                          | `[2R, 2R+128)`    | 1152 |
+//! | `fp8_ds_mla` | `[0, R)` e4m3fn   | `R/128` x f32 LE at `R`       | after the scales  | 656  |
+//! | `mxfp6`      | `[0, 3R/4)` E2M3  | `R/32` x UE8M0 at `3R/4`      | after the scales  | 528  |
+//!
+//! # Encoding, bit for bit
+//!
+//! A GPU encoder must produce the same bytes as this one; all arithmetic is
+//! f32 with IEEE round-to-nearest-even and no flush of subnormals:
+//!
+//! 1. Inputs (bf16, f16 or f32) are widened to f32, which is exact.
+//! 2. Per quantization group (128 values for fp8, 32 for mxfp6):
+//!    `amax` = the largest `|x|` among the **finite** values (NaN and ±Inf
+//!    are ignored; 0 if there is none); `v = max(amax / M, floor)` with the
+//!    f32 division `amax / M` rounded to nearest (`M` = 448 or 7.5, `floor` =
+//!    `1e-4f32` or `2^-127`); `e = ceil(log2(v))` computed **exactly** from
+//!    the bits of `v` (not with a rounded `log2f`); scale `2^e`.
+//! 3. Each value becomes `code = round(x * 2^-e)` (which equals `x / 2^e`,
+//!    rounding included), round to nearest even, **saturating** at the
+//!    largest finite magnitude (448 for e4m3fn, 7.5 for E2M3); the sign of
+//!    zero is kept (`-0.0` gives the negative-zero code).
+//! 4. RoPE values, and the NoPE values of `bf16`, are rounded to bf16
+//!    (nearest even; overflow to ±Inf); bf16 input is copied verbatim.
+//!
+//! # Non-finite input
+//!
+//! - `bf16` stores what IEEE conversion gives: ±Inf stays ±Inf, NaN stays
+//!   NaN (verbatim from bf16 input; `0x7FFF` from f16/f32 input). RoPE values
+//!   follow the same rule in every format.
+//! - `fp8_ds_mla` and `mxfp6` never store NaN or Inf: a NaN value encodes as
+//!   `+0`, ±Inf as the largest code of that sign (±448 or ±7.5 times the
+//!   group's scale), and neither influences the scale.
+//!
+//! # Decoding
+//!
+//! `x = value(code) * scale` in f32, which is exact (e4m3fn and E2M3 have 4
+//! significant bits, scales are powers of two inside the f32 range), so the
+//! bf16 decoder is exact too. One corner: a value within a rounding step of
+//! `f32::MAX` (above about 3.2e38) can round to the code that stands for
+//! `2^128`, which decodes to Inf. Codes and scales the encoder never writes still
+//! decode without error: the e4m3fn codes `0x7F`/`0xFF` and the UE8M0 byte
+//! 255 give NaN.
+
+mod bf16_format;
+mod element;
+pub mod fp8_ds_mla;
+pub mod minifloat;
+pub mod mxfp6;
+
+pub use element::{Decoded, ElemType, Element, Values};
+
+use half::bf16;
+
+use crate::config::{CacheConfig, Dtype};
+use crate::error::{Error, Result};
+
+/// Where the parts of one encoded latent lie, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenLayout {
+    /// Bytes of one encoded latent.
+    pub bytes_per_token: usize,
+    /// Bytes of NoPE codes, starting at offset 0.
+    pub nope_bytes: usize,
+    /// Offset of the first scale (equals `nope_bytes`).
+    pub scales_offset: usize,
+    /// Number of scales (0 for `bf16`).
+    pub num_scales: usize,
+    /// Bytes per scale: 4 (f32) for `fp8_ds_mla`, 1 (UE8M0) for `mxfp6`.
+    pub scale_bytes: usize,
+    /// Offset of the bf16 RoPE values.
+    pub rope_offset: usize,
+}
+
+/// Encoder and decoder for one format and geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Codec {
+    dtype: Dtype,
+    kv_lora_rank: usize,
+    rope_dim: usize,
+    layout: TokenLayout,
+}
+
+impl Codec {
+    /// A codec for `dtype` with `kv_lora_rank` NoPE and `rope_dim` RoPE
+    /// values; `kv_lora_rank` must be a positive multiple of the format's
+    /// group size.
+    pub fn new(dtype: Dtype, kv_lora_rank: usize, rope_dim: usize) -> Result<Self> {
+        let bytes_per_token = dtype.bytes_per_token(kv_lora_rank, rope_dim)?;
+        let groups = kv_lora_rank / dtype.group_size();
+        let (nope_bytes, num_scales, scale_bytes) = match dtype {
+            Dtype::Bf16 => (2 * kv_lora_rank, 0, 0),
+            Dtype::Fp8DsMla => (kv_lora_rank, groups, 4),
+            Dtype::Mxfp6 => (kv_lora_rank * 6 / 8, groups, 1),
+        };
+        let rope_offset = nope_bytes + num_scales * scale_bytes;
+        debug_assert_eq!(rope_offset + 2 * rope_dim, bytes_per_token);
+        Ok(Self {
+            dtype,
+            kv_lora_rank,
+            rope_dim,
+            layout: TokenLayout {
+                bytes_per_token,
+                nope_bytes,
+                scales_offset: nope_bytes,
+                num_scales,
+                scale_bytes,
+                rope_offset,
+            },
+        })
+    }
+
+    /// The codec of a cache configuration.
+    pub fn for_config(config: &CacheConfig) -> Result<Self> {
+        Self::new(config.dtype, config.kv_lora_rank, config.rope_dim)
+    }
+
+    /// The storage format.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// NoPE values per latent.
+    pub fn kv_lora_rank(&self) -> usize {
+        self.kv_lora_rank
+    }
+
+    /// RoPE values per latent.
+    pub fn rope_dim(&self) -> usize {
+        self.rope_dim
+    }
+
+    /// Values per latent (`kv_lora_rank + rope_dim`).
+    pub fn elements_per_token(&self) -> usize {
+        self.kv_lora_rank + self.rope_dim
+    }
+
+    /// Bytes of one encoded latent.
+    pub fn bytes_per_token(&self) -> usize {
+        self.layout.bytes_per_token
+    }
+
+    /// Byte layout of one encoded latent.
+    pub fn layout(&self) -> TokenLayout {
+        self.layout
+    }
+
+    /// Encodes one latent: `c_kv` has `kv_lora_rank` values, `k_pe` has
+    /// `rope_dim` (element types may differ), `out` has `bytes_per_token`
+    /// bytes.
+    pub fn encode(&self, c_kv: Values<'_>, k_pe: Values<'_>, out: &mut [u8]) -> Result<()> {
+        self.check_len("c_kv", c_kv.len(), self.kv_lora_rank)?;
+        self.check_len("k_pe", k_pe.len(), self.rope_dim)?;
+        self.check_len("encoded latent", out.len(), self.bytes_per_token())?;
+        self.encode_unchecked(c_kv, k_pe, out);
+        Ok(())
+    }
+
+    /// Decodes one latent of `bytes_per_token` bytes into
+    /// `elements_per_token` f32 values (NoPE then RoPE).
+    pub fn decode_f32(&self, src: &[u8], out: &mut [f32]) -> Result<()> {
+        self.decode(src, out)
+    }
+
+    /// Decodes one latent into bf16 values (exact for every format).
+    pub fn decode_bf16(&self, src: &[u8], out: &mut [bf16]) -> Result<()> {
+        self.decode(src, out)
+    }
+
+    /// Decodes one latent into f32 or bf16 values.
+    pub fn decode<O: Decoded>(&self, src: &[u8], out: &mut [O]) -> Result<()> {
+        self.check_len("encoded latent", src.len(), self.bytes_per_token())?;
+        self.check_len("decoded latent", out.len(), self.elements_per_token())?;
+        self.decode_unchecked(src, out);
+        Ok(())
+    }
+
+    /// Encodes `T` latents stored back to back: `c_kv` is `[T, kv_lora_rank]`,
+    /// `k_pe` is `[T, rope_dim]`, `out` is `[T, bytes_per_token]`. Returns `T`.
+    pub fn encode_batch(&self, c_kv: Values<'_>, k_pe: Values<'_>, out: &mut [u8]) -> Result<usize> {
+        let tokens = out.len() / self.bytes_per_token();
+        self.check_len("encoded batch", out.len(), tokens * self.bytes_per_token())?;
+        self.check_len("c_kv batch", c_kv.len(), tokens * self.kv_lora_rank)?;
+        self.check_len("k_pe batch", k_pe.len(), tokens * self.rope_dim)?;
+        let (rank, rope) = (self.kv_lora_rank, self.rope_dim);
+        for (t, dst) in out.chunks_exact_mut(self.bytes_per_token()).enumerate() {
+            // In range: lengths were checked above.
+            if let (Some(c), Some(k)) = (c_kv.window(t * rank, rank), k_pe.window(t * rope, rope)) {
+                self.encode_unchecked(c, k, dst);
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// Decodes `T` latents stored back to back into `[T, elements_per_token]`
+    /// values. Returns `T`.
+    pub fn decode_batch<O: Decoded>(&self, src: &[u8], out: &mut [O]) -> Result<usize> {
+        let tokens = src.len() / self.bytes_per_token();
+        self.check_len("encoded batch", src.len(), tokens * self.bytes_per_token())?;
+        self.check_len("decoded batch", out.len(), tokens * self.elements_per_token())?;
+        for (s, o) in src
+            .chunks_exact(self.bytes_per_token())
+            .zip(out.chunks_exact_mut(self.elements_per_token()))
+        {
+            self.decode_unchecked(s, o);
+        }
+        Ok(tokens)
+    }
+
+    fn check_len(&self, what: &str, got: usize, expected: usize) -> Result<()> {
+        if got == expected {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{what}: expected {expected} {}, got {got} ({} {}+{})",
+                if what.starts_with("encoded") { "bytes" } else { "values" },
+                self.dtype,
+                self.kv_lora_rank,
+                self.rope_dim
+            )))
+        }
+    }
+
+    /// Encodes one latent; the lengths must already be right.
+    pub(crate) fn encode_unchecked(&self, c_kv: Values<'_>, k_pe: Values<'_>, out: &mut [u8]) {
+        let (nope, rope) = out.split_at_mut(self.layout.rope_offset);
+        match c_kv {
+            Values::Bf16(s) => self.encode_nope(s, nope),
+            Values::F16(s) => self.encode_nope(s, nope),
+            Values::F32(s) => self.encode_nope(s, nope),
+        }
+        match k_pe {
+            Values::Bf16(s) => Element::write_bf16(s, rope),
+            Values::F16(s) => Element::write_bf16(s, rope),
+            Values::F32(s) => Element::write_bf16(s, rope),
+        }
+    }
+
+    fn encode_nope<T: Element>(&self, c_kv: &[T], dst: &mut [u8]) {
+        match self.dtype {
+            Dtype::Bf16 => bf16_format::encode_nope(c_kv, dst),
+            Dtype::Fp8DsMla => fp8_ds_mla::encode_nope(c_kv, dst),
+            Dtype::Mxfp6 => mxfp6::encode_nope(c_kv, dst),
+        }
+    }
+
+    /// Decodes one latent; the lengths must already be right.
+    pub(crate) fn decode_unchecked<O: Decoded>(&self, src: &[u8], out: &mut [O]) {
+        let (nope_out, rope_out) = out.split_at_mut(self.kv_lora_rank);
+        let (nope, rope) = src.split_at(self.layout.rope_offset);
+        match self.dtype {
+            Dtype::Bf16 => bf16_format::decode_nope(nope, nope_out),
+            Dtype::Fp8DsMla => fp8_ds_mla::decode_nope(nope, nope_out),
+            Dtype::Mxfp6 => mxfp6::decode_nope(nope, nope_out),
+        }
+        bf16_format::decode_bf16_run(rope, rope_out);
+    }
+}

@@ -1,1 +1,0 @@
-//! Latent stores on host and GPU memory (in progress).

@@ -1,0 +1,442 @@
+//! The host store: latents of all layers in one page-aligned anonymous
+//! mapping, optionally on huge pages.
+//!
+//! ```text
+//! mapping: | layer 0 | pad | layer 1 | pad | ... |     (each layer page-aligned)
+//! layer:   | block 0 | block 1 | ... |               (block = block_size tokens)
+//! block:   | token 0 | token 1 | ... |               (token = bytes_per_token)
+//! ```
+//!
+//! One reader-writer lock per layer orders writes, gathers and block copies
+//! on that layer; [`LatentStore::layer_view`] hands out the raw address,
+//! which bypasses the locks.
+
+use half::bf16;
+use parking_lot::RwLock;
+
+use super::{
+    check_block, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
+    LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
+};
+use crate::codec::{Codec, Decoded, Values};
+use crate::config::CacheConfig;
+use crate::error::{Error, Result};
+use crate::BlockId;
+
+/// How a [`HostStore`] allocates its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostStoreOptions {
+    /// Back the store with huge pages: `MAP_HUGETLB` if the system has
+    /// enough reserved, else transparent huge pages (`MADV_HUGEPAGE`).
+    /// Linux only; elsewhere regular pages are used.
+    pub huge_pages: bool,
+}
+
+/// Which pages back a [`HostStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageKind {
+    /// Regular pages.
+    Regular,
+    /// Reserved huge pages (`MAP_HUGETLB`).
+    HugeTlb,
+    /// Regular pages advised for transparent huge pages (`MADV_HUGEPAGE`).
+    TransparentHuge,
+}
+
+/// Latent storage for all layers in host memory.
+pub struct HostStore {
+    config: CacheConfig,
+    codec: Codec,
+    memory: Mapping,
+    /// Bytes from one layer's start to the next (page-aligned).
+    layer_stride: usize,
+    /// Bytes of one layer's latents.
+    layer_bytes: usize,
+    layers: Vec<RwLock<()>>,
+}
+
+impl std::fmt::Debug for HostStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostStore")
+            .field("config", &self.config)
+            .field("bytes", &self.memory.len)
+            .field("pages", &self.memory.kind)
+            .finish()
+    }
+}
+
+impl HostStore {
+    /// A zeroed store for `config` on regular pages.
+    pub fn new(config: &CacheConfig) -> Result<Self> {
+        Self::with_options(config, HostStoreOptions::default())
+    }
+
+    /// A zeroed store for `config`.
+    pub fn with_options(config: &CacheConfig, options: HostStoreOptions) -> Result<Self> {
+        config.validate()?;
+        let codec = Codec::for_config(config)?;
+        let too_big = || Error::InvalidConfig("the store does not fit in the address space".into());
+        let layer_bytes = config
+            .num_tokens()
+            .checked_mul(codec.bytes_per_token())
+            .ok_or_else(too_big)?;
+        let page = page_size();
+        let layer_stride = layer_bytes.checked_next_multiple_of(page).ok_or_else(too_big)?;
+        let total = layer_stride
+            .checked_mul(config.num_layers)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(too_big)?;
+        let memory = Mapping::new(total, options.huge_pages)?;
+        Ok(Self {
+            config: config.clone(),
+            codec,
+            memory,
+            layer_stride,
+            layer_bytes,
+            layers: (0..config.num_layers).map(|_| RwLock::new(())).collect(),
+        })
+    }
+
+    /// Which pages back the store.
+    pub fn page_kind(&self) -> PageKind {
+        self.memory.kind
+    }
+
+    /// Quantizes and stores `T = slot_mapping.len()` tokens: `c_kv` is
+    /// `[T, kv_lora_rank]`, `k_pe` is `[T, rope_dim]`, row-major; negative
+    /// slots are skipped. See [`LatentStore::write_raw`].
+    pub fn write<'a>(
+        &self,
+        layer: usize,
+        c_kv: impl Into<Values<'a>>,
+        k_pe: impl Into<Values<'a>>,
+        slot_mapping: &[i64],
+    ) -> Result<()> {
+        let tokens = slot_mapping.len();
+        let c_kv = matrix_of(c_kv.into(), "c_kv", tokens, self.config.kv_lora_rank)?;
+        let k_pe = matrix_of(k_pe.into(), "k_pe", tokens, self.config.rope_dim)?;
+        // SAFETY: the descriptors cover borrowed slices that live, unchanged,
+        // for the whole call, and shared borrows cannot alias the store's
+        // memory, which is only reachable through `&self` methods that never
+        // hand out references beyond a call.
+        unsafe { self.write_raw(layer, c_kv, k_pe, VectorDesc::from_slice(slot_mapping), Stream::default()) }
+    }
+
+    /// Decodes the first `out.len() / (kv_lora_rank + rope_dim)` tokens of a
+    /// sequence with `block_table` into `out` (f32 or bf16).
+    pub fn gather_into<O: Decoded>(&self, layer: usize, block_table: &[BlockId], out: &mut [O]) -> Result<()> {
+        let width = self.config.elements_per_token();
+        if out.len() % width != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "out: {} values is not a whole number of {width}-value tokens",
+                out.len()
+            )));
+        }
+        let out = MatrixDesc::contiguous(out.as_mut_ptr() as usize, O::TYPE, out.len() / width, width);
+        // SAFETY: `out` is an exclusive borrow and `block_table` a shared one,
+        // both alive for the call, and neither can alias the store's memory.
+        unsafe { self.gather_raw(layer, VectorDesc::from_slice(block_table), out, Stream::default()) }
+    }
+
+    /// Decodes the first `num_tokens` tokens of a sequence into a new
+    /// `[num_tokens, kv_lora_rank + rope_dim]` f32 vector.
+    pub fn gather_f32(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<f32>> {
+        self.gather_vec(layer, block_table, num_tokens)
+    }
+
+    /// Decodes the first `num_tokens` tokens of a sequence into a new
+    /// `[num_tokens, kv_lora_rank + rope_dim]` bf16 vector.
+    pub fn gather_bf16(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<bf16>> {
+        self.gather_vec(layer, block_table, num_tokens)
+    }
+
+    fn gather_vec<O: Decoded>(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<O>> {
+        let len = num_tokens
+            .checked_mul(self.config.elements_per_token())
+            .ok_or_else(|| Error::InvalidArgument(format!("num_tokens {num_tokens} too large")))?;
+        // Check the table before allocating what it cannot fill.
+        if block_table.len() < num_tokens.div_ceil(self.config.block_size) {
+            return Err(Error::InvalidArgument(format!(
+                "block_table has {} entries, {num_tokens} tokens need {}",
+                block_table.len(),
+                num_tokens.div_ceil(self.config.block_size)
+            )));
+        }
+        let mut out = vec![O::default(); len];
+        self.gather_into(layer, block_table, &mut out)?;
+        Ok(out)
+    }
+
+    /// Runs `f` on the bytes of `layer` (`[num_blocks][block_size][bytes_per_token]`)
+    /// while holding the layer's read lock.
+    pub fn with_layer_bytes<R>(&self, layer: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        check_layer(&self.config, layer)?;
+        let _guard = self.layers[layer].read();
+        // SAFETY: the read lock keeps writers out while the slice lives.
+        Ok(f(unsafe { self.layer_slice(layer) }))
+    }
+
+    /// The bytes of `layer`.
+    ///
+    /// # Safety
+    /// The caller holds the layer's lock (read or write) for the lifetime of
+    /// the slice; `layer < num_layers`.
+    unsafe fn layer_slice(&self, layer: usize) -> &[u8] {
+        // SAFETY: the layer lies inside the mapping; the lock orders access.
+        unsafe { std::slice::from_raw_parts(self.memory.ptr.add(layer * self.layer_stride), self.layer_bytes) }
+    }
+
+    /// The bytes of `layer`, mutable.
+    ///
+    /// # Safety
+    /// The caller holds the layer's write lock for the lifetime of the slice;
+    /// `layer < num_layers`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn layer_slice_mut(&self, layer: usize) -> &mut [u8] {
+        // SAFETY: the layer lies inside the mapping; the write lock makes the
+        // access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.memory.ptr.add(layer * self.layer_stride), self.layer_bytes) }
+    }
+}
+
+/// Describes a contiguous `[rows, cols]` slice, checking its length.
+fn matrix_of(values: Values<'_>, name: &str, rows: usize, cols: usize) -> Result<MatrixDesc> {
+    let addr = match values {
+        Values::Bf16(s) => s.as_ptr() as usize,
+        Values::F16(s) => s.as_ptr() as usize,
+        Values::F32(s) => s.as_ptr() as usize,
+    };
+    if Some(values.len()) != rows.checked_mul(cols) {
+        return Err(Error::InvalidArgument(format!(
+            "{name}: {} values, expected {rows} x {cols}",
+            values.len()
+        )));
+    }
+    Ok(MatrixDesc::contiguous(addr, values.elem_type(), rows, cols))
+}
+
+impl LatentStore for HostStore {
+    fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn codec(&self) -> &Codec {
+        &self.codec
+    }
+
+    fn device(&self) -> Device {
+        Device::Host
+    }
+
+    unsafe fn write_raw(
+        &self,
+        layer: usize,
+        c_kv: MatrixDesc,
+        k_pe: MatrixDesc,
+        slot_mapping: VectorDesc<i64>,
+        _stream: Stream,
+    ) -> Result<()> {
+        check_write_args(&self.config, layer, &c_kv, &k_pe, &slot_mapping)?;
+        let slots: &[i64] = if slot_mapping.len == 0 {
+            &[]
+        } else {
+            // SAFETY: checked non-null and aligned; readable per the contract.
+            unsafe { std::slice::from_raw_parts(slot_mapping.addr as *const i64, slot_mapping.len) }
+        };
+        let capacity = self.config.num_tokens();
+        if let Some((t, &slot)) = slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64) {
+            return Err(Error::InvalidArgument(format!(
+                "slot_mapping[{t}] = {slot} out of range (num_blocks x block_size = {capacity})"
+            )));
+        }
+        let bpt = self.codec.bytes_per_token();
+        let _guard = self.layers[layer].write();
+        // SAFETY: the layer's write lock is held until the end of the scope.
+        let memory = unsafe { self.layer_slice_mut(layer) };
+        for (t, &slot) in slots.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            // SAFETY: row `t` of each descriptor was checked to lie within its
+            // extent, with the right alignment; readable per the contract.
+            let (c, k) = unsafe {
+                (
+                    Values::from_raw(c_kv.elem, (c_kv.addr + t * c_kv.row_stride) as *const u8, c_kv.cols),
+                    Values::from_raw(k_pe.elem, (k_pe.addr + t * k_pe.row_stride) as *const u8, k_pe.cols),
+                )
+            };
+            let start = slot as usize * bpt;
+            self.codec.encode_unchecked(c, k, &mut memory[start..start + bpt]);
+        }
+        Ok(())
+    }
+
+    unsafe fn gather_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        _stream: Stream,
+    ) -> Result<()> {
+        let blocks = check_gather_args(&self.config, layer, &block_table, &out)?;
+        if out.rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: checked non-null and aligned, `blocks <= len`; readable per
+        // the contract.
+        let table = unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
+        for &block in table {
+            check_block(&self.config, block)?;
+        }
+        match out.elem {
+            crate::codec::ElemType::F32 => {
+                // SAFETY: forwarded; `out` holds f32.
+                unsafe { self.gather_rows::<f32>(layer, table, &out) }
+            }
+            _ => {
+                // SAFETY: forwarded; `out` holds bf16 (the only other type
+                // `check_gather_args` accepts).
+                unsafe { self.gather_rows::<bf16>(layer, table, &out) }
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_blocks(&self, pairs: &[(BlockId, BlockId)], _stream: Stream) -> Result<()> {
+        check_copy_pairs(&self.config, pairs)?;
+        let block_bytes = self.config.block_size * self.codec.bytes_per_token();
+        for layer in 0..self.config.num_layers {
+            let _guard = self.layers[layer].write();
+            // SAFETY: the layer's write lock is held until the end of the scope.
+            let memory = unsafe { self.layer_slice_mut(layer) };
+            for &(src, dst) in pairs {
+                memory.copy_within(
+                    src as usize * block_bytes..(src as usize + 1) * block_bytes,
+                    dst as usize * block_bytes,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn layer_view(&self, layer: usize) -> Result<LayerView> {
+        check_layer(&self.config, layer)?;
+        let addr = self.memory.ptr as usize + layer * self.layer_stride;
+        Ok(layer_view_at(&self.config, &self.codec, Device::Host, addr))
+    }
+}
+
+impl HostStore {
+    /// Decodes `out.rows` tokens through a checked block table.
+    ///
+    /// # Safety
+    /// `out` was checked by `check_gather_args`, holds `O`, and is writable
+    /// and unaliased for the call.
+    unsafe fn gather_rows<O: Decoded>(&self, layer: usize, table: &[BlockId], out: &MatrixDesc) {
+        let (bs, bpt) = (self.config.block_size, self.codec.bytes_per_token());
+        let _guard = self.layers[layer].read();
+        // SAFETY: the layer's read lock is held until the end of the scope.
+        let memory = unsafe { self.layer_slice(layer) };
+        for t in 0..out.rows {
+            let slot = table[t / bs] as usize * bs + t % bs;
+            // SAFETY: row `t` lies within the checked extent of `out`.
+            let row = unsafe { std::slice::from_raw_parts_mut((out.addr + t * out.row_stride) as *mut O, out.cols) };
+            self.codec.decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
+        }
+    }
+}
+
+/// The system page size.
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as usize
+    } else {
+        4096
+    }
+}
+
+/// An anonymous private mapping, zero-filled, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    kind: PageKind,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; `HostStore`
+// orders every access to it through its per-layer locks.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len > 0` bytes (a multiple of the page size).
+    fn new(len: usize, huge_pages: bool) -> Result<Self> {
+        if huge_pages {
+            if let Some(mapping) = Self::huge_tlb(len) {
+                return Ok(mapping);
+            }
+        }
+        let ptr = map_anonymous(len, 0).ok_or_else(|| {
+            Error::Storage(format!("mmap of {len} bytes failed: {}", std::io::Error::last_os_error()))
+        })?;
+        let kind = if huge_pages && advise_huge_pages(ptr, len) {
+            PageKind::TransparentHuge
+        } else {
+            PageKind::Regular
+        };
+        Ok(Self { ptr, len, kind })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn huge_tlb(len: usize) -> Option<Self> {
+        const HUGE_PAGE: usize = 2 << 20;
+        let len = len.checked_next_multiple_of(HUGE_PAGE)?;
+        let ptr = map_anonymous(len, libc::MAP_HUGETLB)?;
+        Some(Self { ptr, len, kind: PageKind::HugeTlb })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn huge_tlb(_len: usize) -> Option<Self> {
+        None
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing
+        // references the memory once the owning store is dropped.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// `mmap(PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags)`.
+fn map_anonymous(len: usize, flags: libc::c_int) -> Option<*mut u8> {
+    // SAFETY: an anonymous mapping at an address of the kernel's choosing
+    // touches no existing memory.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    (ptr != libc::MAP_FAILED).then_some(ptr.cast())
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: the range is a mapping we own; the advice changes no contents.
+    unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_ptr: *mut u8, _len: usize) -> bool {
+    false
+}
