@@ -136,9 +136,7 @@ typedef enum MlaStatus {
 } MlaStatus;
 
 /**
- * Storage format of one cached latent (one token of one layer).
- *
- * The byte layouts are exact; see `codec` and DESIGN.md section 2.
+ * Storage format of one cached latent (byte layouts in DESIGN.md section 2).
  */
 typedef enum MlaDtype {
     /**
@@ -146,12 +144,12 @@ typedef enum MlaDtype {
      */
     MLA_DTYPE_BF16 = 0,
     /**
-     * FlashMLA's fp8 layout: e4m3 NoPE with one fp32 scale per 128 values,
-     * bf16 RoPE: 656 bytes.
+     * FlashMLA's fp8 layout (e4m3 NoPE, one fp32 scale per 128 values, bf16
+     * RoPE): 656 bytes.
      */
     MLA_DTYPE_FP8_DS_MLA = 1,
     /**
-     * 6-bit E2M3 NoPE with one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
+     * 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
      */
     MLA_DTYPE_MXFP6 = 2,
 } MlaDtype;
@@ -185,6 +183,38 @@ typedef enum MlaEventKind {
 } MlaEventKind;
 
 /**
+ * Where a store keeps its latents.
+ */
+typedef enum MlaDeviceKind {
+    /**
+     * Host memory.
+     */
+    MLA_DEVICE_KIND_HOST = 0,
+    /**
+     * A CUDA device (see `device_ordinal`).
+     */
+    MLA_DEVICE_KIND_CUDA = 1,
+} MlaDeviceKind;
+
+/**
+ * Element type of a tensor given to or filled by a store.
+ */
+typedef enum MlaElemType {
+    /**
+     * bfloat16.
+     */
+    MLA_ELEM_TYPE_BF16 = 0,
+    /**
+     * IEEE binary16.
+     */
+    MLA_ELEM_TYPE_F16 = 1,
+    /**
+     * IEEE binary32.
+     */
+    MLA_ELEM_TYPE_F32 = 2,
+} MlaElemType;
+
+/**
  * A cache configuration under construction (opaque). Create it with
  * `mla_config_create` or `mla_config_from_preset`, adjust it with the
  * `mla_config_set_*` functions, pass it to `mla_manager_create` (which
@@ -204,6 +234,13 @@ typedef struct MlaEventList MlaEventList;
  * between threads freely.
  */
 typedef struct MlaManager MlaManager;
+
+/**
+ * A latent store (opaque): the cached latents of every layer, laid out per
+ * layer as `[num_blocks][block_size][bytes_per_token]`. Thread-safe;
+ * operations on one layer are ordered by the store.
+ */
+typedef struct MlaStore MlaStore;
 
 /**
  * Every field of a configuration, as read by `mla_config_get`.
@@ -478,12 +515,13 @@ typedef struct MlaAdmitOptions {
 } MlaAdmitOptions;
 
 /**
- * Index of a physical block, `0..num_blocks`, the same in every layer.
+ * Index of a physical block, `0 .. num_blocks`, the same in every layer.
  */
 typedef uint32_t MlaBlockId;
 
 /**
- * A block copy the engine must perform before writing (copy-on-write).
+ * A block copy the engine must perform before writing new tokens
+ * (copy-on-write of a shared partial block).
  */
 typedef struct MlaBlockCopy {
     /**
@@ -557,16 +595,104 @@ typedef struct MlaCacheStats {
 } MlaCacheStats;
 
 /**
- * Every format, in order of decreasing size.
+ * A 2-D tensor in the store's memory space (host memory for a host store,
+ * device memory for a CUDA store): `rows` rows of `cols` elements of type
+ * `elem` (an `MlaElemType` value), rows `row_stride` bytes apart (0 means
+ * contiguous, `cols * element size`), elements within a row contiguous.
  */
-#define MlaDtype_ALL { MlaDtype_Bf16, MlaDtype_Fp8DsMla, MlaDtype_Mxfp6, }
+typedef struct MlaMatrix {
+    /**
+     * Address of element `[0][0]`; may be NULL only when the tensor is empty.
+     */
+    void *data;
+    /**
+     * Element type, an `MlaElemType` value.
+     */
+    uint32_t elem;
+    /**
+     * Rows (tokens).
+     */
+    size_t rows;
+    /**
+     * Elements per row.
+     */
+    size_t cols;
+    /**
+     * Bytes from one row to the next; 0 for contiguous rows.
+     */
+    size_t row_stride;
+} MlaMatrix;
 
 /**
- * Every policy.
+ * Where the parts of one encoded latent lie, in bytes.
  */
-#define MlaEvictionPolicyKind_ALL { MlaEvictionPolicyKind_Lru, }
+typedef struct MlaTokenLayout {
+    /**
+     * Bytes of one encoded latent.
+     */
+    size_t bytes_per_token;
+    /**
+     * Bytes of NoPE codes, from offset 0.
+     */
+    size_t nope_bytes;
+    /**
+     * Offset of the first scale.
+     */
+    size_t scales_offset;
+    /**
+     * Number of scales (0 for bf16).
+     */
+    size_t num_scales;
+    /**
+     * Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6.
+     */
+    size_t scale_bytes;
+    /**
+     * Offset of the bf16 RoPE values.
+     */
+    size_t rope_offset;
+} MlaTokenLayout;
 
-
+/**
+ * The raw memory of one layer, for attention kernels that read the cache
+ * in place: a `[num_blocks][block_size][bytes_per_token]` byte tensor.
+ */
+typedef struct MlaLayerView {
+    /**
+     * Address of the layer's first byte (host or device memory); valid
+     * until the store is destroyed. Reads and writes through it bypass the
+     * store's ordering.
+     */
+    void *data;
+    /**
+     * Memory space of `data`.
+     */
+    enum MlaDeviceKind device_kind;
+    /**
+     * CUDA device ordinal (0 for host memory).
+     */
+    size_t device_ordinal;
+    /**
+     * Storage format.
+     */
+    enum MlaDtype dtype;
+    /**
+     * `[num_blocks, block_size, bytes_per_token]`.
+     */
+    size_t shape[3];
+    /**
+     * Byte strides of the three dimensions.
+     */
+    size_t strides[3];
+    /**
+     * Bytes of the layer (`shape[0] * shape[1] * shape[2]`).
+     */
+    size_t len_bytes;
+    /**
+     * Layout of one encoded latent.
+     */
+    struct MlaTokenLayout layout;
+} MlaLayerView;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1121,6 +1247,132 @@ const char *mla_status_name(int32_t status);
  * The string is static. Thread safety: thread-safe.
  */
 const char *mla_version(void);
+
+/**
+ * Creates a zeroed store in host memory for a configuration (copied).
+ * With `huge_pages`, backs it with huge pages where the system allows
+ * (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG` or,
+ * when memory cannot be mapped, `MLA_STATUS_STORAGE`.
+ *
+ * # Safety
+ * `out` must be valid for a write; `*out` receives the new handle.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_create_host(const struct MlaConfig *config,
+                                     bool huge_pages,
+                                     struct MlaStore **out);
+
+/**
+ * Creates a zeroed store in the memory of CUDA device `device_ordinal`.
+ * Fails with `MLA_STATUS_UNSUPPORTED` when the library is built without
+ * its `cuda` feature, and with `MLA_STATUS_STORAGE` when there is no
+ * driver, no such device, or no NVRTC.
+ *
+ * # Safety
+ * `out` must be valid for a write; `*out` receives the new handle.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_create_cuda(const struct MlaConfig *config,
+                                     size_t device_ordinal,
+                                     struct MlaStore **out);
+
+/**
+ * Destroys a store and frees its memory (views into it become invalid).
+ *
+ * # Safety
+ * `store` must not be used after this call.
+ *
+ * Thread safety: waits for calls in flight on this handle; calls made
+ * after it fail with `MLA_STATUS_INVALID_HANDLE`.
+ */
+enum MlaStatus mla_store_destroy(struct MlaStore *store);
+
+/**
+ * Reads the store's configuration.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_get_config(const struct MlaStore *store, struct MlaConfigInfo *out);
+
+/**
+ * Quantizes and stores `num_slots` tokens of layer `layer`: row `t` of
+ * `c_kv` (`[num_slots, kv_lora_rank]`) and of `k_pe` (`[num_slots,
+ * rope_dim]`), bf16, fp16 or fp32, goes to slot `slot_mapping[t]`
+ * (`block_id * block_size + offset`); negative slots are skipped. All
+ * three arrays live in the store's memory space. A CUDA store enqueues the
+ * work on `stream` (a `CUstream`, NULL for the legacy default stream)
+ * without synchronizing; a host store ignores `stream` and is done on return.
+ *
+ * # Safety
+ * The descriptors must describe readable memory of the store's memory
+ * space; `slot_mapping` must hold `num_slots` values. On a CUDA store they
+ * must stay valid until the stream reaches the work.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_write(const struct MlaStore *store,
+                               size_t layer,
+                               const struct MlaMatrix *c_kv,
+                               const struct MlaMatrix *k_pe,
+                               const int64_t *slot_mapping,
+                               size_t num_slots,
+                               void *stream);
+
+/**
+ * Decodes the first `out->rows` tokens of a sequence from layer `layer`
+ * into `out` (`[tokens, kv_lora_rank + rope_dim]`, bf16 or fp32, NoPE then
+ * RoPE), reading token `p` from block `block_table[p / block_size]`.
+ * `block_table` (at least `ceil(rows / block_size)` ids) and `out` live in
+ * the store's memory space; `stream` as for `mla_store_write`.
+ *
+ * # Safety
+ * `block_table` must hold `num_block_ids` ids and `out` describe writable
+ * memory, both in the store's memory space (and valid until the stream
+ * reaches the work, on a CUDA store).
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_gather(const struct MlaStore *store,
+                                size_t layer,
+                                const MlaBlockId *block_table,
+                                size_t num_block_ids,
+                                const struct MlaMatrix *out,
+                                void *stream);
+
+/**
+ * Performs the block copies returned by `mla_manager_append`, in every
+ * layer: block `dst` becomes a copy of block `src`. A destination may
+ * appear only once and never as a source (`MLA_STATUS_INVALID_ARGUMENT`);
+ * ids must be below `num_blocks` (`MLA_STATUS_INVALID_BLOCK`). `copies`
+ * is host memory; `stream` as for `mla_store_write`.
+ *
+ * # Safety
+ * `copies` must hold `num_copies` pairs.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
+                                     const struct MlaBlockCopy *copies,
+                                     size_t num_copies,
+                                     void *stream);
+
+/**
+ * Describes the raw memory of layer `layer`, for kernels that read the
+ * cache in place (FlashMLA's paged KV cache is such a tensor).
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_store_layer_view(const struct MlaStore *store,
+                                    size_t layer,
+                                    struct MlaLayerView *out);
 
 #ifdef __cplusplus
 }  // extern "C"

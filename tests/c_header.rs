@@ -19,7 +19,8 @@ fn generate() -> String {
     let config = cbindgen::Config::from_file(root().join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root().join("src/lib.rs"))
+        .with_src(root().join("src/ffi/mod.rs"))
+        .with_src(root().join("src/stats.rs"))
         .generate()
         .expect("cbindgen generates the header");
     let mut out = Vec::new();

@@ -28,6 +28,45 @@ impl MlaConfig {
     }
 }
 
+/// Storage format of one cached latent (byte layouts in DESIGN.md section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaDtype {
+    /// 576 bf16 values: 1152 bytes for the DeepSeek geometry.
+    Bf16 = 0,
+    /// FlashMLA's fp8 layout (e4m3 NoPE, one fp32 scale per 128 values, bf16
+    /// RoPE): 656 bytes.
+    Fp8DsMla = 1,
+    /// 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
+    Mxfp6 = 2,
+}
+
+impl From<Dtype> for MlaDtype {
+    fn from(d: Dtype) -> Self {
+        match d {
+            Dtype::Bf16 => MlaDtype::Bf16,
+            Dtype::Fp8DsMla => MlaDtype::Fp8DsMla,
+            Dtype::Mxfp6 => MlaDtype::Mxfp6,
+        }
+    }
+}
+
+/// Which cached free blocks are evicted first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaEvictionPolicyKind {
+    /// Least recently freed first (vLLM's order).
+    Lru = 0,
+}
+
+impl From<EvictionPolicyKind> for MlaEvictionPolicyKind {
+    fn from(p: EvictionPolicyKind) -> Self {
+        match p {
+            EvictionPolicyKind::Lru => MlaEvictionPolicyKind::Lru,
+        }
+    }
+}
+
 pub(crate) static CONFIGS: Registry<MlaConfig> = Registry::new("MlaConfig");
 
 /// Every field of a configuration, as read by `mla_config_get`.
@@ -45,9 +84,9 @@ pub struct MlaConfigInfo {
     /// Width of the decoupled RoPE key.
     pub rope_dim: usize,
     /// Storage format.
-    pub dtype: Dtype,
+    pub dtype: MlaDtype,
     /// Order in which cached free blocks are evicted.
-    pub eviction: EvictionPolicyKind,
+    pub eviction: MlaEvictionPolicyKind,
     /// Full blocks are shared between requests by prefix hash.
     pub enable_prefix_caching: bool,
     /// Whether `hash_seed` is set (otherwise a random seed is drawn).
@@ -113,7 +152,7 @@ pub struct MlaModelGeometry {
 pub(crate) fn dtype_from(value: u32) -> FfiResult<Dtype> {
     Dtype::ALL
         .into_iter()
-        .find(|d| *d as u32 == value)
+        .find(|d| MlaDtype::from(*d) as u32 == value)
         .ok_or_else(|| {
             Failure::new(
                 MlaStatus::InvalidConfig,
@@ -256,7 +295,7 @@ pub extern "C" fn mla_config_set_eviction(config: *mut MlaConfig, policy: u32) -
         CONFIGS.with(config, |c| {
             let policy = EvictionPolicyKind::ALL
                 .into_iter()
-                .find(|p| *p as u32 == policy)
+                .find(|p| MlaEvictionPolicyKind::from(*p) as u32 == policy)
                 .ok_or_else(|| {
                     Failure::new(
                         MlaStatus::InvalidConfig,
@@ -344,8 +383,8 @@ pub(crate) fn info(c: &CacheConfig) -> MlaConfigInfo {
         num_layers: c.num_layers,
         kv_lora_rank: c.kv_lora_rank,
         rope_dim: c.rope_dim,
-        dtype: c.dtype,
-        eviction: c.eviction,
+        dtype: c.dtype.into(),
+        eviction: c.eviction.into(),
         enable_prefix_caching: c.enable_prefix_caching,
         has_hash_seed: c.hash_seed.is_some(),
         hash_seed: c.hash_seed.unwrap_or(0),
@@ -448,14 +487,14 @@ pub unsafe extern "C" fn mla_config_blocks_for_bytes(
 ///
 /// Thread safety: thread-safe.
 #[no_mangle]
-pub unsafe extern "C" fn mla_dtype_from_name(name: *const c_char, out: *mut Dtype) -> MlaStatus {
+pub unsafe extern "C" fn mla_dtype_from_name(name: *const c_char, out: *mut MlaDtype) -> MlaStatus {
     guard("mla_dtype_from_name", || {
         // SAFETY: per the contract.
         let name = unsafe { text(name, "name") }?;
         let out = Out::new(out, "out")?;
         let dtype: Dtype = name.parse()?;
         // SAFETY: per the contract.
-        unsafe { out.set(dtype) };
+        unsafe { out.set(dtype.into()) };
         Ok(())
     })
 }

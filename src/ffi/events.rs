@@ -3,8 +3,8 @@
 use std::ffi::{c_char, CString};
 
 use super::manager::{MlaManager, MANAGERS};
-use super::{guard, Failure, MlaStatus, Out, Registry};
-use crate::{BlockHash, CacheEvent, TokenId};
+use super::{guard, Failure, MlaStatus, MlaTokenId, Out, Registry};
+use crate::{BlockHash, CacheEvent};
 
 /// A 128-bit block hash as two 64-bit halves (`hash = hi << 64 | lo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub struct MlaEvent {
     /// BLOCK_STORED: hash of the block before the first one, if `has_parent`.
     pub parent_block_hash: MlaBlockHash,
     /// BLOCK_STORED: the blocks' tokens, `block_size` per block.
-    pub token_ids: *const TokenId,
+    pub token_ids: *const MlaTokenId,
     /// Number of `token_ids`.
     pub num_token_ids: usize,
     /// BLOCK_STORED: tokens per block (0 for other kinds).
@@ -67,7 +67,7 @@ struct Owned {
     kind: MlaEventKind,
     hashes: Vec<MlaBlockHash>,
     parent: Option<MlaBlockHash>,
-    tokens: Vec<TokenId>,
+    tokens: Vec<MlaTokenId>,
     block_size: usize,
     adapter: Option<CString>,
 }

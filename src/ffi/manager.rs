@@ -2,21 +2,38 @@
 
 use std::ffi::c_char;
 
+use super::config::{info, CONFIGS};
 use super::{
-    guard, input, opt_text, Failure, FfiResult, MlaConfig, MlaConfigInfo, MlaStatus, Out, OutBuf,
-    Registry,
+    guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
+    MlaStatus, MlaTokenId, Out, OutBuf, Registry,
 };
-use crate::ffi::config::{info, CONFIGS};
-use crate::{
-    AdmitOptions, BlockCopy, BlockId, BlockManager, CacheStats, ExtraKeys, MultiModalKey,
-    RequestId, TokenId,
-};
+use crate::{AdmitOptions, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey};
 
 /// A block manager (opaque): who holds which block, prefix sharing,
 /// copy-on-write, pinning and eviction. Thread-safe: share one handle
 /// between threads freely.
 pub struct MlaManager {
     pub(crate) inner: BlockManager,
+}
+
+/// A block copy the engine must perform before writing new tokens
+/// (copy-on-write of a shared partial block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct MlaBlockCopy {
+    /// Block to copy from (still shared with other requests).
+    pub src: MlaBlockId,
+    /// Fresh block that replaces `src` in the appending request's table.
+    pub dst: MlaBlockId,
+}
+
+impl From<BlockCopy> for MlaBlockCopy {
+    fn from(c: BlockCopy) -> Self {
+        Self {
+            src: c.src,
+            dst: c.dst,
+        }
+    }
 }
 
 pub(crate) static MANAGERS: Registry<MlaManager> = Registry::new("MlaManager");
@@ -178,11 +195,11 @@ pub unsafe extern "C" fn mla_manager_get_config(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_admit(
     manager: *mut MlaManager,
-    id: RequestId,
-    tokens: *const TokenId,
+    id: MlaRequestId,
+    tokens: *const MlaTokenId,
     num_tokens: usize,
     options: *const MlaAdmitOptions,
-    block_ids: *mut BlockId,
+    block_ids: *mut MlaBlockId,
     block_ids_cap: usize,
     num_block_ids: *mut usize,
     num_cached_tokens: *mut usize,
@@ -232,10 +249,10 @@ pub unsafe extern "C" fn mla_manager_admit(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_match_prefix(
     manager: *const MlaManager,
-    tokens: *const TokenId,
+    tokens: *const MlaTokenId,
     num_tokens: usize,
     keys: *const MlaExtraKeys,
-    block_ids: *mut BlockId,
+    block_ids: *mut MlaBlockId,
     block_ids_cap: usize,
     num_block_ids: *mut usize,
     num_cached_tokens: *mut usize,
@@ -277,13 +294,13 @@ pub unsafe extern "C" fn mla_manager_match_prefix(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_append(
     manager: *mut MlaManager,
-    id: RequestId,
-    tokens: *const TokenId,
+    id: MlaRequestId,
+    tokens: *const MlaTokenId,
     num_tokens: usize,
-    new_block_ids: *mut BlockId,
+    new_block_ids: *mut MlaBlockId,
     new_block_ids_cap: usize,
     num_new_block_ids: *mut usize,
-    copies: *mut BlockCopy,
+    copies: *mut MlaBlockCopy,
     copies_cap: usize,
     num_copies: *mut usize,
 ) -> MlaStatus {
@@ -339,7 +356,7 @@ pub const MLA_MAX_COPIES_PER_APPEND: usize = 1;
 #[no_mangle]
 pub extern "C" fn mla_manager_commit(
     manager: *mut MlaManager,
-    id: RequestId,
+    id: MlaRequestId,
     num_computed_tokens: usize,
 ) -> MlaStatus {
     guard("mla_manager_commit", || {
@@ -355,8 +372,8 @@ pub extern "C" fn mla_manager_commit(
 #[no_mangle]
 pub extern "C" fn mla_manager_fork(
     manager: *mut MlaManager,
-    parent: RequestId,
-    child: RequestId,
+    parent: MlaRequestId,
+    child: MlaRequestId,
 ) -> MlaStatus {
     guard("mla_manager_fork", || {
         with(manager, |m| Ok(m.fork(parent, child)?))
@@ -369,7 +386,7 @@ pub extern "C" fn mla_manager_fork(
 ///
 /// Thread safety: thread-safe.
 #[no_mangle]
-pub extern "C" fn mla_manager_free(manager: *mut MlaManager, id: RequestId) -> MlaStatus {
+pub extern "C" fn mla_manager_free(manager: *mut MlaManager, id: MlaRequestId) -> MlaStatus {
     guard("mla_manager_free", || with(manager, |m| Ok(m.free(id)?)))
 }
 
@@ -384,8 +401,8 @@ pub extern "C" fn mla_manager_free(manager: *mut MlaManager, id: RequestId) -> M
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_block_table(
     manager: *const MlaManager,
-    id: RequestId,
-    block_ids: *mut BlockId,
+    id: MlaRequestId,
+    block_ids: *mut MlaBlockId,
     block_ids_cap: usize,
     num_block_ids: *mut usize,
 ) -> MlaStatus {
@@ -411,7 +428,7 @@ pub unsafe extern "C" fn mla_manager_block_table(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_slot_mapping(
     manager: *const MlaManager,
-    id: RequestId,
+    id: MlaRequestId,
     start: usize,
     end: usize,
     slots: *mut i64,
@@ -435,7 +452,7 @@ pub unsafe extern "C" fn mla_manager_slot_mapping(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_num_tokens(
     manager: *const MlaManager,
-    id: RequestId,
+    id: MlaRequestId,
     out: *mut usize,
 ) -> MlaStatus {
     guard("mla_manager_num_tokens", || {
@@ -460,7 +477,7 @@ pub unsafe extern "C" fn mla_manager_num_tokens(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_pin(
     manager: *mut MlaManager,
-    tokens: *const TokenId,
+    tokens: *const MlaTokenId,
     num_tokens: usize,
     keys: *const MlaExtraKeys,
     pinned_tokens: *mut usize,
@@ -487,7 +504,7 @@ pub unsafe extern "C" fn mla_manager_pin(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_unpin(
     manager: *mut MlaManager,
-    tokens: *const TokenId,
+    tokens: *const MlaTokenId,
     num_tokens: usize,
     keys: *const MlaExtraKeys,
     unpinned_tokens: *mut usize,

@@ -29,11 +29,22 @@ pub mod config;
 pub mod events;
 pub mod manager;
 pub mod status;
+pub mod store;
 
 pub use config::*;
 pub use events::*;
 pub use manager::*;
 pub use status::*;
+pub use store::*;
+
+// Spelled out for cbindgen; the calls into the crate only compile while
+// they equal `crate::BlockId`, `crate::TokenId` and `crate::RequestId`.
+/// Index of a physical block, `0 .. num_blocks`, the same in every layer.
+pub type MlaBlockId = u32;
+/// A token id.
+pub type MlaTokenId = u32;
+/// The engine's id for a request (sequence).
+pub type MlaRequestId = u64;
 
 /// The error half of every FFI body: a status and its message.
 #[derive(Debug)]
@@ -275,16 +286,17 @@ impl<T: Copy> OutBuf<T> {
         unsafe { self.len.set(len) }
     }
 
-    /// Copies `values` out (after checking the capacity) and sets the length.
+    /// Converts and copies `values` out (after checking the capacity) and
+    /// sets the length.
     ///
     /// # Safety
     /// `ptr` must be valid for `cap` writes and the length pointer for one.
-    pub(crate) unsafe fn fill(&self, values: &[T]) -> FfiResult<()> {
-        // SAFETY: per the caller.
+    pub(crate) unsafe fn fill<S: Copy + Into<T>>(&self, values: &[S]) -> FfiResult<()> {
+        // SAFETY: per the caller; `reserve` checked that `values` fit.
         unsafe {
             self.reserve(values.len())?;
-            if !values.is_empty() {
-                std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr, values.len());
+            for (i, &v) in values.iter().enumerate() {
+                self.ptr.add(i).write(v.into());
             }
             self.set_len(values.len());
         }
