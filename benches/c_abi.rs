@@ -1,6 +1,7 @@
 //! Per-call overhead of the C ABI against the Rust API: admit + free of a
 //! cached 4,096-token prompt (64 blocks of 64, all hits but the last), once
-//! through `BlockManager` and once through the `extern "C"` functions.
+//! through `BlockManager` and once through the `extern "C"` functions; and
+//! the fixed cost of a call (`num_free_blocks`, which does almost nothing).
 
 use std::ptr;
 
@@ -31,6 +32,9 @@ fn rust_api(c: &mut Criterion) {
             assert_eq!(a.num_cached_tokens, PROMPT - 64);
             m.free(1).unwrap();
         })
+    });
+    c.bench_function("num_free_blocks: Rust API", |b| {
+        b.iter(|| m.num_free_blocks())
     });
 }
 
@@ -68,6 +72,13 @@ fn c_abi(c: &mut Criterion) {
             })
         });
         assert_eq!(cached, PROMPT - 64);
+        c.bench_function("num_free_blocks: C ABI", |b| {
+            b.iter(|| {
+                let mut free = 0;
+                assert_eq!(mla_manager_num_free_blocks(m, &mut free), MlaStatus::Ok);
+                free
+            })
+        });
         assert_eq!(mla_manager_destroy(m), MlaStatus::Ok);
     }
 }
