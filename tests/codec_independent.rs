@@ -281,7 +281,7 @@ fn encoded_gaussian_data_decodes_as_the_reference_says() {
 fn any_f32() -> impl Strategy<Value = f32> {
     prop_oneof![
         4 => any::<u32>().prop_map(f32::from_bits),
-        4 => (-1e4f32..1e4f32),
+        4 => -1e4f32..1e4f32,
         1 => Just(f32::NAN),
         1 => Just(f32::INFINITY),
         1 => Just(f32::NEG_INFINITY),

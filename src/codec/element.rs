@@ -75,9 +75,7 @@ fn write_bf16_via_f32<T: Element>(src: &[T], dst: &mut [u8]) {
     for (s, d) in src.chunks(WIDEN_TILE).zip(dst.chunks_mut(2 * WIDEN_TILE)) {
         let wide = &mut wide[..s.len()];
         T::widen(s, wide);
-        for (pair, &v) in d.chunks_exact_mut(2).zip(wide.iter()) {
-            pair.copy_from_slice(&bf16_bits_from_f32(v).to_le_bytes());
-        }
+        write_rounded_bf16(wide, d);
     }
 }
 
@@ -117,9 +115,27 @@ impl Element for f32 {
     }
 
     fn write_bf16(src: &[Self], dst: &mut [u8]) {
-        for (pair, &v) in dst.chunks_exact_mut(2).zip(src) {
-            pair.copy_from_slice(&bf16_bits_from_f32(v).to_le_bytes());
+        write_rounded_bf16(src, dst);
+    }
+}
+
+/// Rounds f32 values to little-endian bf16, in fixed-size tiles so that the
+/// loop vectorizes.
+fn write_rounded_bf16(src: &[f32], dst: &mut [u8]) {
+    const TILE: usize = 16;
+    let mut src_tiles = src.chunks_exact(TILE);
+    let mut dst_tiles = dst.chunks_exact_mut(2 * TILE);
+    for (s, d) in (&mut src_tiles).zip(&mut dst_tiles) {
+        if let (Ok(s), Ok(d)) = (<&[f32; TILE]>::try_from(s), <&mut [u8; 2 * TILE]>::try_from(d)) {
+            for i in 0..TILE {
+                let b = bf16_bits_from_f32(s[i]);
+                d[2 * i] = b as u8;
+                d[2 * i + 1] = (b >> 8) as u8;
+            }
         }
+    }
+    for (pair, &v) in dst_tiles.into_remainder().chunks_exact_mut(2).zip(src_tiles.remainder()) {
+        pair.copy_from_slice(&bf16_bits_from_f32(v).to_le_bytes());
     }
 }
 

@@ -1,7 +1,7 @@
 //! Latent stores: the cached latents of every layer, on host or GPU memory.
 //!
 //! A store holds, per layer, `[num_blocks][block_size][bytes_per_token]`
-//! bytes in one of the [`Dtype`](crate::Dtype) formats (see [`crate::codec`]).
+//! bytes in one of the [`Dtype`] formats (see [`crate::codec`]).
 //! Slot `s` of a layer is token `s % block_size` of block `s / block_size`.
 //! Every backend implements [`LatentStore`], whose operations take raw
 //! tensor descriptors ([`MatrixDesc`], [`VectorDesc`]) so that device
@@ -12,8 +12,12 @@
 //! slots and block ids the backend can see) and returns an error, leaving the
 //! store unchanged, instead of panicking.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod host;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaStore;
 pub use host::{HostStore, HostStoreOptions, PageKind};
 
 use std::marker::PhantomData;

@@ -1,0 +1,467 @@
+// MLA latent cache kernels: write (quantize into the paged layer buffer),
+// gather (dequantize through a block table) and copy_blocks.
+//
+// Compiled at run time by NVRTC, without any header: every conversion is done
+// by hand on integer bit patterns so that the results equal the CPU codec bit
+// for bit (round to nearest even, the same NaN and saturation rules). Float
+// arithmetic is limited to operations that are exact or correctly rounded
+// (IEEE division, multiplication by a power of two, fmaxf).
+//
+// Byte layouts of one token (R = kv_lora_rank, P = rope_dim; 512 and 64 for
+// the DeepSeek family):
+//   bf16        [0, 2R) R bf16 NoPE | [2R, 2R+2P) P bf16 RoPE
+//   fp8_ds_mla  [0, R) e4m3fn codes | R/128 fp32 scales | P bf16 RoPE
+//   mxfp6       [0, 3R/4) E2M3 codes, 6-bit little-endian bit stream |
+//               R/32 UE8M0 scale bytes | P bf16 RoPE
+//
+// A layer buffer is [num_blocks][block_size][bytes_per_token], so a slot's
+// bytes start at slot * bytes_per_token.
+//
+// Launch shape of write and gather: blockDim.x = 32 * WARPS_PER_BLOCK, one
+// warp per token, gridDim.x = ceil(num_tokens / WARPS_PER_BLOCK).
+
+#define WARPS_PER_BLOCK 4
+#define FULL_MASK 0xffffffffu
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+// ---------------------------------------------------------------------------
+// Scalar conversions (bit patterns).
+
+__device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }
+__device__ __forceinline__ u32 f32_bits(float f) { return __float_as_uint(f); }
+
+// bf16 -> f32, exact (bits shifted, NaN payloads kept).
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return bits_f32((u32)h << 16); }
+
+// f32 -> bf16, round to nearest even; every NaN becomes 0x7fff. Overflow
+// rounds to +-Inf.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fffu;
+    return (u16)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// f16 -> f32, exact (NaN payloads do not matter: every consumer maps NaN to
+// one value).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    u32 i = (u32)h;
+    if ((i & 0x7fffu) == 0u) return bits_f32(i << 16);
+    u32 sign = (i & 0x8000u) << 16;
+    u32 exp = i & 0x7c00u;
+    u32 man = i & 0x03ffu;
+    if (exp == 0x7c00u) {
+        if (man == 0u) return bits_f32(sign | 0x7f800000u);
+        return bits_f32(sign | 0x7fc00000u | (man << 13));
+    }
+    if (exp == 0u) {
+        // Subnormal: normalize. e = leading zeros of man as a 16-bit value - 6.
+        u32 e = (u32)(__clz(man) - 16 - 6);
+        u32 fexp = (127u - 15u - e) << 23;
+        u32 fman = (man << (14u + e)) & 0x7fffffu;
+        return bits_f32(sign | fexp | fman);
+    }
+    u32 fexp = ((exp >> 10) - 15u + 127u) << 23;
+    return bits_f32(sign | fexp | (man << 13));
+}
+
+// Input element loaders, one per input dtype.
+struct InBf16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float to_f32(T v) { return bf16_to_f32(v); }
+    // Values stored unquantized (bf16 format, RoPE) keep bf16 inputs verbatim.
+    static __device__ __forceinline__ u16 to_bf16(T v) { return v; }
+};
+struct InF16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float to_f32(T v) { return f16_to_f32(v); }
+    static __device__ __forceinline__ u16 to_bf16(T v) { return f32_to_bf16(f16_to_f32(v)); }
+};
+struct InF32 {
+    typedef float T;
+    static __device__ __forceinline__ float to_f32(T v) { return v; }
+    static __device__ __forceinline__ u16 to_bf16(T v) { return f32_to_bf16(v); }
+};
+
+// ceil(log2(v)), exactly, for a positive finite v (normal or subnormal).
+__device__ __forceinline__ int ceil_log2_pos(float v) {
+    u32 b = f32_bits(v) & 0x7fffffffu;
+    int exp = (int)(b >> 23);
+    u32 man = b & 0x7fffffu;
+    if (exp == 0) {
+        // v = man * 2^-149.
+        u32 m1 = (man > 1u ? man : 1u) - 1u;
+        return -149 + (32 - __clz(m1));
+    }
+    return exp - 127 + (man != 0u ? 1 : 0);
+}
+
+// 2^e as a float for e in [-149, 127].
+__device__ __forceinline__ float exp2_int(int e) {
+    if (e >= -126) return bits_f32((u32)(e + 127) << 23);
+    return bits_f32(1u << (e + 149));
+}
+
+// Magnitude of a finite value as bits, 0 for NaN and +-Inf: the order of
+// non-negative floats is the order of their bits.
+__device__ __forceinline__ u32 finite_mag_bits(float v) {
+    u32 b = f32_bits(v) & 0x7fffffffu;
+    return b < 0x7f800000u ? b : 0u;
+}
+
+// Rounds |q| (q not NaN) to a float with 3 mantissa bits and exponent bias
+// BIAS, saturating at max; returns the magnitude code.
+template <u32 BIAS>
+__device__ __forceinline__ u32 round_magnitude(float q, float max) {
+    float a = fminf(fabsf(q), max);
+    u32 bits = f32_bits(a);
+    // Normal range: round the f32 mantissa to 3 bits (nearest even) and
+    // rebias the exponent; a carry moves into the exponent.
+    u32 normal = ((bits + 0x7ffffu + ((bits >> 20) & 1u)) >> 20) - ((127u - BIAS) << 3);
+    // Subnormal range: adding 2^(21 - BIAS) rounds a (nearest even) to a
+    // multiple of the subnormal quantum 2^(-2 - BIAS); the low bits are the
+    // code (8 is the smallest normal, which is right).
+    float magic = bits_f32((127u + 21u - BIAS) << 23);
+    u32 subnormal = f32_bits(__fadd_rn(a, magic)) - f32_bits(magic);
+    float min_normal = bits_f32((128u - BIAS) << 23);
+    return a < min_normal ? subnormal : normal;
+}
+
+// f32 -> float8 e4m3fn, round to nearest even, saturating to +-448; NaN
+// encodes as +0, +-Inf as +-448. Never produces a NaN code.
+__device__ __forceinline__ u32 f32_to_e4m3(float q) {
+    if (q != q) q = 0.0f;
+    u32 sign = (f32_bits(q) >> 24) & 0x80u;
+    return sign | round_magnitude<7>(q, 448.0f);
+}
+
+// float8 e4m3fn -> f32, exact; 0x7f and 0xff decode to the NaN 0x7fc00000.
+__device__ __forceinline__ float e4m3_to_f32(u32 c) {
+    if ((c & 0x7fu) == 0x7fu) return bits_f32(0x7fc00000u);
+    float mag = __fmul_rn(bits_f32((c & 0x7fu) << 20), bits_f32((127u + 120u) << 23));
+    return bits_f32(f32_bits(mag) | ((c & 0x80u) << 24));
+}
+
+// f32 -> 6-bit E2M3 (bit 5 sign, bits 4:3 exponent, bits 2:0 mantissa),
+// round to nearest even, saturating to +-7.5; NaN encodes as +0, +-Inf as
+// +-7.5.
+__device__ __forceinline__ u32 f32_to_e2m3(float q) {
+    if (q != q) q = 0.0f;
+    u32 sign = (f32_bits(q) >> 26) & 0x20u;
+    return sign | round_magnitude<1>(q, 7.5f);
+}
+
+// 6-bit E2M3 -> f32, exact.
+__device__ __forceinline__ float e2m3_to_f32(u32 c) {
+    float mag = __fmul_rn(bits_f32((c & 0x1fu) << 20), bits_f32((127u + 126u) << 23));
+    return bits_f32(f32_bits(mag) | ((c & 0x20u) << 26));
+}
+
+// Scale a UE8M0 byte stands for: 2^(byte - 127); 255 is NaN.
+__device__ __forceinline__ float ue8m0_to_f32(u32 b) {
+    return b == 255u ? bits_f32(0x7fc00000u) : exp2_int((int)b - 127);
+}
+
+__device__ __forceinline__ u32 warp_max(u32 v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        u32 w = __shfl_xor_sync(FULL_MASK, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------
+// Write: c_kv [T, R] (row stride ckv_stride elements), k_pe [T, P] (row
+// stride kpe_stride elements of type kpe_elem) -> cache at
+// slot_mapping[t] * bpt. Negative slots and slots >= num_slots are skipped.
+// bpt must be a multiple of 4.
+
+// Returns the token's destination, or null when the token is skipped.
+__device__ __forceinline__ u8* write_dest(const i64* slots, i64 t, u8* cache, i64 num_slots, int bpt) {
+    i64 slot = slots[t];
+    if (slot < 0 || slot >= num_slots) return 0;
+    return cache + slot * (i64)bpt;
+}
+
+// RoPE values of one token to bf16; their element type (0 bf16, 1 f16,
+// 2 f32) is a kernel argument since it may differ from c_kv's.
+__device__ __forceinline__ void write_rope(const void* kpe, i64 t, i64 kpe_stride, int kpe_elem, u8* dst,
+                                           int P, int lane) {
+    u16* out = (u16*)dst;
+    if (kpe_elem == 0) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InBf16::to_bf16(r[i]);
+    } else if (kpe_elem == 1) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InF16::to_bf16(r[i]);
+    } else {
+        const float* r = (const float*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) out[i] = InF32::to_bf16(r[i]);
+    }
+}
+
+template <class In>
+__device__ void write_bf16(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                           int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
+                           i64 num_slots, int R, int P, int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    u8* dst = write_dest(slots, t, cache, num_slots, bpt);
+    if (dst == 0) return;
+    const typename In::T* x = ckv + t * ckv_stride;
+    u16* out = (u16*)dst;
+    for (int i = lane; i < R; i += 32) out[i] = In::to_bf16(x[i]);
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + 2 * R, P, lane);
+}
+
+// fp8_ds_mla: tiles of 128 values; lane l owns values 4l..4l+3 of each tile
+// and stores their four codes as one 32-bit word.
+template <class In>
+__device__ void write_fp8(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                          int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
+                          i64 num_slots, int R, int P, int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    u8* dst = write_dest(slots, t, cache, num_slots, bpt);
+    if (dst == 0) return;
+    const typename In::T* x = ckv + t * ckv_stride;
+    float* scales = (float*)(dst + R);
+    for (int tile = 0; tile < R / 128; ++tile) {
+        float v[4];
+        u32 amax = 0u;
+        for (int k = 0; k < 4; ++k) {
+            v[k] = In::to_f32(x[tile * 128 + lane * 4 + k]);
+            u32 m = finite_mag_bits(v[k]);
+            amax = m > amax ? m : amax;
+        }
+        amax = warp_max(amax);
+        // e = ceil(log2(max(amax / 448, 1e-4))), in -13..=120.
+        int e = ceil_log2_pos(fmaxf(__fdiv_rn(bits_f32(amax), 448.0f), 1.0e-4f));
+        // Multiplying by 2^-e (a normal float) equals dividing by 2^e.
+        float inv = exp2_int(-e);
+        u32 word = 0;
+        for (int k = 0; k < 4; ++k) word |= f32_to_e4m3(__fmul_rn(v[k], inv)) << (8 * k);
+        ((u32*)(dst + tile * 128))[lane] = word;
+        if (lane == 0) scales[tile] = exp2_int(e);
+    }
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + R + 4 * (R / 128), P, lane);
+}
+
+// mxfp6: groups of 32 values, one value per lane; the 6-bit codes go through
+// shared memory and are packed 16 codes (three 32-bit words) at a time.
+template <class In>
+__device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                            int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
+                            i64 num_slots, int R, int P, int bpt) {
+    extern __shared__ u32 smem_codes[];  // R bytes per warp, as words
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + warp;
+    if (t >= num_tokens) return;
+    u8* dst = write_dest(slots, t, cache, num_slots, bpt);
+    if (dst == 0) return;
+    u8* codes = (u8*)smem_codes + warp * R;
+    const typename In::T* x = ckv + t * ckv_stride;
+    u8* scale_bytes = dst + 3 * R / 4;
+    for (int g = 0; g < R / 32; ++g) {
+        float v = In::to_f32(x[g * 32 + lane]);
+        u32 amax = warp_max(finite_mag_bits(v));
+        // e = ceil(log2(max(amax / 7.5, 2^-127))), in -127..=126.
+        int e = ceil_log2_pos(fmaxf(__fdiv_rn(bits_f32(amax), 7.5f), bits_f32(0x00400000u)));
+        codes[g * 32 + lane] = (u8)f32_to_e2m3(__fmul_rn(v, exp2_int(-e)));
+        if (lane == 0) scale_bytes[g] = (u8)(e + 127);
+    }
+    __syncwarp();
+    // Pack: unit u = codes 16u..16u+15 -> bytes 12u..12u+11.
+    for (int u = lane; u < R / 16; u += 32) {
+        const u32* c = (const u32*)(codes + 16 * u);
+        u64 lo = 0, hi = 0;  // bits 0..63 and 64..95
+        for (int w = 0; w < 4; ++w) {
+            u32 cw = c[w];
+            for (int b = 0; b < 4; ++b) {
+                int i = 4 * w + b;  // element within the unit
+                u64 code = (u64)((cw >> (8 * b)) & 0x3fu);
+                int bit = 6 * i;
+                if (bit < 64) {
+                    lo |= code << bit;
+                    if (bit + 6 > 64) hi |= code >> (64 - bit);
+                } else {
+                    hi |= code << (bit - 64);
+                }
+            }
+        }
+        u32* out = (u32*)(dst + 12 * u);
+        out[0] = (u32)lo;
+        out[1] = (u32)(lo >> 32);
+        out[2] = (u32)hi;
+    }
+    write_rope(kpe, t, kpe_stride, kpe_elem, dst + 3 * R / 4 + R / 32, P, lane);
+}
+
+#define WRITE_KERNEL(NAME, IMPL, IN)                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
+        NAME(const void* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride, int kpe_elem,    \
+             const i64* slots, i64 num_tokens, u8* cache, i64 num_slots, int R, int P,          \
+             int bpt) {                                                                         \
+        IMPL<IN>((const IN::T*)ckv, ckv_stride, kpe, kpe_stride, kpe_elem, slots, num_tokens,   \
+                 cache, num_slots, R, P, bpt);                                                  \
+    }
+
+WRITE_KERNEL(mla_write_bf16_from_bf16, write_bf16, InBf16)
+WRITE_KERNEL(mla_write_bf16_from_f16, write_bf16, InF16)
+WRITE_KERNEL(mla_write_bf16_from_f32, write_bf16, InF32)
+WRITE_KERNEL(mla_write_fp8_ds_mla_from_bf16, write_fp8, InBf16)
+WRITE_KERNEL(mla_write_fp8_ds_mla_from_f16, write_fp8, InF16)
+WRITE_KERNEL(mla_write_fp8_ds_mla_from_f32, write_fp8, InF32)
+WRITE_KERNEL(mla_write_mxfp6_from_bf16, write_mxfp6, InBf16)
+WRITE_KERNEL(mla_write_mxfp6_from_f16, write_mxfp6, InF16)
+WRITE_KERNEL(mla_write_mxfp6_from_f32, write_mxfp6, InF32)
+
+// ---------------------------------------------------------------------------
+// Gather: token i of the sequence lives in block block_table[i / block_size]
+// at offset i % block_size; out [num_tokens, R + P] with row stride
+// out_stride elements. Rows whose block id is >= num_blocks are zeroed.
+
+struct OutBf16 {
+    typedef u16 T;
+    static __device__ __forceinline__ T from_f32(float v) { return f32_to_bf16(v); }
+    static __device__ __forceinline__ T from_bf16(u16 v) { return v; }
+};
+struct OutF32 {
+    typedef float T;
+    static __device__ __forceinline__ T from_f32(float v) { return v; }
+    static __device__ __forceinline__ T from_bf16(u16 v) { return bf16_to_f32(v); }
+};
+
+// Returns the token's source, or null for an invalid block id (row zeroed).
+template <class Out>
+__device__ __forceinline__ const u8* gather_src(const u8* cache, const u32* block_table, i64 t,
+                                                int block_size, i64 num_blocks, int bpt,
+                                                typename Out::T* y, int E, int lane) {
+    u32 block = block_table[t / block_size];
+    if ((i64)block >= num_blocks) {
+        for (int i = lane; i < E; i += 32) y[i] = (typename Out::T)0;
+        return 0;
+    }
+    i64 slot = (i64)block * block_size + t % block_size;
+    return cache + slot * (i64)bpt;
+}
+
+template <class Out>
+__device__ __forceinline__ void gather_rope(const u8* src, typename Out::T* y, int P, int lane) {
+    const u16* r = (const u16*)src;
+    for (int i = lane; i < P; i += 32) y[i] = Out::from_bf16(r[i]);
+}
+
+template <class Out>
+__device__ void gather_bf16(const u8* cache, const u32* block_table, i64 num_tokens, int block_size,
+                            i64 num_blocks, typename Out::T* out, i64 out_stride, int R, int P,
+                            int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    typename Out::T* y = out + t * out_stride;
+    const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
+    if (src == 0) return;
+    const u16* s = (const u16*)src;
+    for (int i = lane; i < R + P; i += 32) y[i] = Out::from_bf16(s[i]);
+}
+
+template <class Out>
+__device__ void gather_fp8(const u8* cache, const u32* block_table, i64 num_tokens, int block_size,
+                           i64 num_blocks, typename Out::T* out, i64 out_stride, int R, int P,
+                           int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    typename Out::T* y = out + t * out_stride;
+    const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
+    if (src == 0) return;
+    const float* scales = (const float*)(src + R);
+    for (int i = lane; i < R; i += 32) {
+        u32 c = src[i];
+        // A NaN code decodes to the NaN 0x7fc00000 whatever the scale.
+        float v = (c & 0x7fu) == 0x7fu ? e4m3_to_f32(c) : __fmul_rn(e4m3_to_f32(c), scales[i / 128]);
+        y[i] = Out::from_f32(v);
+    }
+    gather_rope<Out>(src + R + 4 * (R / 128), y + R, P, lane);
+}
+
+template <class Out>
+__device__ void gather_mxfp6(const u8* cache, const u32* block_table, i64 num_tokens,
+                             int block_size, i64 num_blocks, typename Out::T* out, i64 out_stride,
+                             int R, int P, int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    typename Out::T* y = out + t * out_stride;
+    const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
+    if (src == 0) return;
+    const u8* scale_bytes = src + 3 * R / 4;
+    for (int i = lane; i < R; i += 32) {
+        int bit = 6 * i;
+        u32 pair = (u32)src[bit >> 3];
+        if ((bit & 7) > 2) pair |= (u32)src[(bit >> 3) + 1] << 8;
+        u32 code = (pair >> (bit & 7)) & 0x3fu;
+        u32 sb = scale_bytes[i / 32];
+        // Scale byte 255 (NaN, never written) decodes to the NaN 0x7fc00000.
+        float v = sb == 255u ? ue8m0_to_f32(sb) : __fmul_rn(e2m3_to_f32(code), ue8m0_to_f32(sb));
+        y[i] = Out::from_f32(v);
+    }
+    gather_rope<Out>(src + 3 * R / 4 + R / 32, y + R, P, lane);
+}
+
+#define GATHER_KERNEL(NAME, IMPL, OUT)                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
+        NAME(const u8* cache, const u32* block_table, i64 num_tokens, int block_size,           \
+             i64 num_blocks, void* out, i64 out_stride, int R, int P, int bpt) {                \
+        IMPL<OUT>(cache, block_table, num_tokens, block_size, num_blocks, (OUT::T*)out,         \
+                  out_stride, R, P, bpt);                                                       \
+    }
+
+GATHER_KERNEL(mla_gather_bf16_to_bf16, gather_bf16, OutBf16)
+GATHER_KERNEL(mla_gather_bf16_to_f32, gather_bf16, OutF32)
+GATHER_KERNEL(mla_gather_fp8_ds_mla_to_bf16, gather_fp8, OutBf16)
+GATHER_KERNEL(mla_gather_fp8_ds_mla_to_f32, gather_fp8, OutF32)
+GATHER_KERNEL(mla_gather_mxfp6_to_bf16, gather_mxfp6, OutBf16)
+GATHER_KERNEL(mla_gather_mxfp6_to_f32, gather_mxfp6, OutF32)
+
+// ---------------------------------------------------------------------------
+// copy_blocks: for every layer (blockIdx.y) and pair p < pairs.n (blockIdx.x),
+// copy block pairs.ids[2p] to block pairs.ids[2p+1]. The pairs travel in the
+// kernel parameters (no device scratch memory, nothing to synchronize).
+// Layers lie layer_stride bytes apart. Pairs naming a block >= num_blocks are
+// ignored. With vec16 (block_bytes a multiple of 16, base 16-byte aligned)
+// the copy moves 16-byte words.
+
+#define COPY_PAIRS_PER_LAUNCH 480
+
+struct CopyPairs {
+    u32 n;
+    u32 ids[2 * COPY_PAIRS_PER_LAUNCH];
+};
+
+extern "C" __global__ void __launch_bounds__(256)
+    mla_copy_blocks(u8* base, i64 layer_stride, i64 block_bytes, i64 num_blocks,
+                    CopyPairs pairs, int vec16) {
+    if (blockIdx.x >= pairs.n) return;
+    u32 src_block = pairs.ids[2 * blockIdx.x];
+    u32 dst_block = pairs.ids[2 * blockIdx.x + 1];
+    if ((i64)src_block >= num_blocks || (i64)dst_block >= num_blocks) return;
+    u8* layer = base + (i64)blockIdx.y * layer_stride;
+    const u8* src = layer + (i64)src_block * block_bytes;
+    u8* dst = layer + (i64)dst_block * block_bytes;
+    if (vec16) {
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (i64 i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d[i] = s[i];
+    } else {
+        for (i64 i = threadIdx.x; i < block_bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}

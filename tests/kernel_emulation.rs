@@ -1,0 +1,389 @@
+//! The CUDA kernels, run on the CPU by a small emulator (`kernel_emu/emu.cpp`
+//! built with g++: one thread per CUDA thread, warp shuffles at barriers),
+//! against the CPU codec bit for bit. The launches are the ones the CUDA
+//! store performs ([`cuda::write_launch`] and friends), so this checks the
+//! kernels' arithmetic, indexing, packing and argument passing without a GPU.
+//! Skipped (with a message) when g++ is missing, unless
+//! `MLA_CACHE_REQUIRE_EMULATION=1`.
+#![cfg(feature = "cuda")]
+
+mod cuda_common;
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use cuda_common::*;
+use half::bf16;
+use mla_cache::codec::ElemType;
+use mla_cache::store::cuda::{self, KernelLaunch};
+use mla_cache::store::{HostStore, LatentStore, MatrixDesc, VectorDesc};
+use mla_cache::{BlockId, CacheConfig, Dtype};
+
+type EmuLaunch =
+    unsafe extern "C" fn(*const c_char, c_uint, c_uint, c_uint, c_uint, *mut *mut c_void) -> c_int;
+
+/// Builds and loads the emulator once; `None` (skip) without g++.
+fn emulator() -> Option<EmuLaunch> {
+    static EMU: OnceLock<Option<usize>> = OnceLock::new();
+    let f = EMU.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mla_kernel_emu.so");
+        let status = Command::new("g++")
+            .args([
+                "-std=c++20",
+                "-O1",
+                "-ffp-contract=off",
+                "-fPIC",
+                "-shared",
+                "-pthread",
+                "-Wall",
+                "-Werror",
+            ])
+            .arg("-o")
+            .arg(&lib)
+            .arg(root.join("tests/kernel_emu/emu.cpp"))
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("g++ failed to build the kernel emulator: {s}"),
+            Err(e) => {
+                if std::env::var("MLA_CACHE_REQUIRE_EMULATION").as_deref() == Ok("1") {
+                    panic!("g++ not available ({e}) and MLA_CACHE_REQUIRE_EMULATION=1");
+                }
+                eprintln!("skipping the kernel emulation tests: g++ not available ({e})");
+                return None;
+            }
+        }
+        let path = CString::new(lib.to_str().unwrap()).unwrap();
+        // SAFETY: loading a library we just built; it stays loaded.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "cannot load the kernel emulator");
+        // SAFETY: a symbol lookup in a live handle.
+        let sym = unsafe { libc::dlsym(handle, c"emu_launch".as_ptr()) };
+        assert!(!sym.is_null(), "emu_launch missing");
+        Some(sym as usize)
+    });
+    // SAFETY: `emu_launch` has this signature (see emu.cpp).
+    f.map(|addr| unsafe { std::mem::transmute::<usize, EmuLaunch>(addr) })
+}
+
+fn run(emu: EmuLaunch, mut launch: KernelLaunch) {
+    let name = CString::new(launch.name()).unwrap();
+    let (grid, block, shared) = (launch.grid, launch.block, launch.shared_bytes);
+    assert_eq!(grid.2, 1);
+    let mut params = launch.params();
+    // SAFETY: the launch's addresses point into live host buffers of this test.
+    let rc = unsafe {
+        emu(
+            name.as_ptr(),
+            grid.0,
+            grid.1,
+            block,
+            shared,
+            params.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "emulator refused {}", launch.name());
+}
+
+macro_rules! emulator_or_skip {
+    () => {
+        match emulator() {
+            Some(e) => e,
+            None => return,
+        }
+    };
+}
+
+/// Writes `tokens` tokens with the emulated kernel and with the host store,
+/// compares the layer bytes; returns the host store and slots for gathers.
+fn write_case(
+    emu: EmuLaunch,
+    dtype: Dtype,
+    ckv_elem: ElemType,
+    kpe_elem: ElemType,
+    tokens: usize,
+    seed: u64,
+) {
+    let config = config(dtype, tokens);
+    let mut rng = rng(seed);
+    let c_kv = sample(&mut rng, ckv_elem, tokens * config.kv_lora_rank, true);
+    let k_pe = sample(&mut rng, kpe_elem, tokens * config.rope_dim, true);
+    let slots = slot_mapping(&mut rng, tokens, config.num_tokens());
+
+    let host = HostStore::new(&config).unwrap();
+    host.write(1, c_kv.values(), k_pe.values(), &slots).unwrap();
+    let bpt = host.codec().bytes_per_token();
+
+    let mut cache = vec![FILL; config.num_tokens() * bpt];
+    let launch = cuda::write_launch(
+        &config,
+        cache.as_mut_ptr() as u64,
+        &c_kv.desc_at(c_kv.bytes().as_ptr() as usize, tokens, config.kv_lora_rank),
+        &k_pe.desc_at(k_pe.bytes().as_ptr() as usize, tokens, config.rope_dim),
+        &VectorDesc::from_slice(&slots),
+    )
+    .unwrap()
+    .unwrap();
+    run(emu, launch);
+    let what = format!("write {dtype} from c_kv {ckv_elem} / k_pe {kpe_elem}, {tokens} tokens");
+    check_layer(&what, &cache, &layer_bytes(&host, 1), &slots, bpt);
+}
+
+#[test]
+fn write_matches_cpu_codec() {
+    let emu = emulator_or_skip!();
+    for dtype in Dtype::ALL {
+        for elem in ElemType::ALL {
+            for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+                write_case(emu, dtype, elem, elem, tokens, 1000 + i as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn write_with_mixed_input_types() {
+    let emu = emulator_or_skip!();
+    for dtype in Dtype::ALL {
+        write_case(emu, dtype, ElemType::F32, ElemType::Bf16, 65, 7);
+        write_case(emu, dtype, ElemType::Bf16, ElemType::F16, 3, 8);
+    }
+}
+
+#[test]
+fn write_with_row_strides() {
+    // c_kv and k_pe as the two halves of one [T, 576] f32 tensor.
+    let emu = emulator_or_skip!();
+    for dtype in Dtype::ALL {
+        let tokens = 65;
+        let config = config(dtype, tokens);
+        let mut rng = rng(11);
+        let width = config.elements_per_token();
+        let fused = sample_f32(&mut rng, tokens * width, true);
+        let slots = slot_mapping(&mut rng, tokens, config.num_tokens());
+        let c_kv: Vec<f32> = fused
+            .chunks(width)
+            .flat_map(|r| r[..config.kv_lora_rank].to_vec())
+            .collect();
+        let k_pe: Vec<f32> = fused
+            .chunks(width)
+            .flat_map(|r| r[config.kv_lora_rank..].to_vec())
+            .collect();
+        let host = HostStore::new(&config).unwrap();
+        host.write(0, &c_kv, &k_pe, &slots).unwrap();
+        let bpt = host.codec().bytes_per_token();
+        let mut cache = vec![FILL; config.num_tokens() * bpt];
+        let base = fused.as_ptr() as usize;
+        let ckv = MatrixDesc {
+            addr: base,
+            elem: ElemType::F32,
+            rows: tokens,
+            cols: config.kv_lora_rank,
+            row_stride: 4 * width,
+        };
+        let kpe = MatrixDesc {
+            addr: base + 4 * config.kv_lora_rank,
+            cols: config.rope_dim,
+            ..ckv
+        };
+        let launch = cuda::write_launch(
+            &config,
+            cache.as_mut_ptr() as u64,
+            &ckv,
+            &kpe,
+            &VectorDesc::from_slice(&slots),
+        )
+        .unwrap()
+        .unwrap();
+        run(emu, launch);
+        check_layer(
+            &format!("strided write {dtype}"),
+            &cache,
+            &layer_bytes(&host, 0),
+            &slots,
+            bpt,
+        );
+    }
+}
+
+fn gather_case(emu: EmuLaunch, dtype: Dtype, tokens: usize, seed: u64) {
+    let config = config(dtype, tokens);
+    let mut rng = rng(seed);
+    // Fill every slot through the host store, then gather a sequence that
+    // walks the blocks in random order.
+    let all = config.num_tokens();
+    let c_kv = sample(&mut rng, ElemType::F32, all * config.kv_lora_rank, true);
+    let k_pe = sample(&mut rng, ElemType::Bf16, all * config.rope_dim, true);
+    let slots: Vec<i64> = (0..all as i64).collect();
+    let host = HostStore::new(&config).unwrap();
+    host.write(0, c_kv.values(), k_pe.values(), &slots).unwrap();
+    let cache = layer_bytes(&host, 0);
+    let table = block_table(&mut rng, config.num_blocks);
+    let width = config.elements_per_token();
+
+    let expected_f32 = host.gather_f32(0, &table, tokens).unwrap();
+    let mut got_f32 = vec![f32::from_bits(0xDEAD_BEEF); tokens * width];
+    let out = MatrixDesc::contiguous(got_f32.as_mut_ptr() as usize, ElemType::F32, tokens, width);
+    let launch = cuda::gather_launch(
+        &config,
+        cache.as_ptr() as u64,
+        &VectorDesc::from_slice(&table),
+        &out,
+    )
+    .unwrap()
+    .unwrap();
+    run(emu, launch);
+    let as_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    check_decoded(
+        &format!("gather {dtype} -> f32, {tokens} tokens"),
+        &as_bytes(&got_f32),
+        &as_bytes(&expected_f32),
+        4,
+        width,
+    );
+
+    let expected_bf16 = host.gather_bf16(0, &table, tokens).unwrap();
+    let mut got_bf16 = vec![bf16::from_bits(0xBEEF); tokens * width];
+    let out = MatrixDesc::contiguous(
+        got_bf16.as_mut_ptr() as usize,
+        ElemType::Bf16,
+        tokens,
+        width,
+    );
+    let launch = cuda::gather_launch(
+        &config,
+        cache.as_ptr() as u64,
+        &VectorDesc::from_slice(&table),
+        &out,
+    )
+    .unwrap()
+    .unwrap();
+    run(emu, launch);
+    let as_bytes = |v: &[bf16]| {
+        v.iter()
+            .flat_map(|x| x.to_bits().to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    check_decoded(
+        &format!("gather {dtype} -> bf16, {tokens} tokens"),
+        &as_bytes(&got_bf16),
+        &as_bytes(&expected_bf16),
+        2,
+        width,
+    );
+}
+
+#[test]
+fn gather_matches_cpu_codec() {
+    let emu = emulator_or_skip!();
+    for dtype in Dtype::ALL {
+        for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+            gather_case(emu, dtype, tokens, 2000 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn gather_decodes_codes_the_encoder_never_writes() {
+    // Random bytes: NaN codes, scale byte 255, arbitrary fp32 scales.
+    let emu = emulator_or_skip!();
+    for dtype in [Dtype::Fp8DsMla, Dtype::Mxfp6] {
+        let tokens = 64;
+        let mut config = config(dtype, tokens);
+        config.num_layers = 1;
+        let host = HostStore::new(&config).unwrap();
+        let bpt = host.codec().bytes_per_token();
+        let mut rng = rng(5);
+        let mut cache: Vec<u8> = (0..config.num_tokens() * bpt)
+            .map(|_| rand::Rng::gen(&mut rng))
+            .collect();
+        if dtype == Dtype::Fp8DsMla {
+            // Keep scales finite powers of two (NaN scales decode differently
+            // on different CPUs too).
+            let codec = host.codec().layout();
+            for t in 0..config.num_tokens() {
+                for s in 0..codec.num_scales {
+                    let at = t * bpt + codec.scales_offset + 4 * s;
+                    let e: i32 = rand::Rng::gen_range(&mut rng, -20..20);
+                    cache[at..at + 4].copy_from_slice(&2f32.powi(e).to_le_bytes());
+                }
+            }
+        }
+        let width = config.elements_per_token();
+        let mut expected = vec![0f32; tokens * width];
+        host.codec()
+            .decode_batch(&cache[..tokens * bpt], &mut expected)
+            .unwrap();
+        let table: Vec<BlockId> = (0..config.num_blocks as BlockId).collect();
+        let mut got = vec![0f32; tokens * width];
+        let out = MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::F32, tokens, width);
+        run(
+            emu,
+            cuda::gather_launch(
+                &config,
+                cache.as_ptr() as u64,
+                &VectorDesc::from_slice(&table),
+                &out,
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        let bits = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        check_decoded(
+            &format!("gather of arbitrary {dtype} bytes"),
+            &bits(&got),
+            &bits(&expected),
+            4,
+            width,
+        );
+    }
+}
+
+#[test]
+fn copy_blocks_copies_every_layer() {
+    let emu = emulator_or_skip!();
+    for dtype in Dtype::ALL {
+        let mut config: CacheConfig = config(dtype, 300);
+        config.num_layers = 3;
+        config.num_blocks = 12;
+        let bpt = config.bytes_per_token_per_layer();
+        let layer_bytes = config.num_tokens() * bpt;
+        let stride = layer_bytes.next_multiple_of(256);
+        let mut rng = rng(9);
+        let mut memory: Vec<u8> = (0..stride * 3 + 16)
+            .map(|_| rand::Rng::gen(&mut rng))
+            .collect();
+        // 16-byte aligned base, as device allocations are.
+        let offset = memory.as_ptr().align_offset(16);
+        let base = memory[offset..].as_mut_ptr() as u64;
+        let before = memory.clone();
+        let pairs = [(1, 7), (0, 3), (11, 2)];
+        for launch in cuda::copy_blocks_launches(&config, base, stride, &pairs).unwrap() {
+            run(emu, launch);
+        }
+        let block_bytes = config.block_size * bpt;
+        let mut expected = before.clone();
+        for layer in 0..3 {
+            for &(src, dst) in &pairs {
+                let s = offset + layer * stride + src as usize * block_bytes;
+                let d = offset + layer * stride + dst as usize * block_bytes;
+                expected.copy_within(s..s + block_bytes, d);
+            }
+        }
+        assert!(
+            memory == expected,
+            "copy_blocks {dtype}: bytes differ from the expected copy"
+        );
+        // Chunks of more than one launch.
+        let many: Vec<(BlockId, BlockId)> = (0..6).map(|i| (i, i + 6)).collect();
+        assert_eq!(
+            cuda::copy_blocks_launches(&config, base, stride, &many)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}
