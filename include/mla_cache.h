@@ -1264,10 +1264,17 @@ enum MlaStatus mla_store_create_host(const struct MlaConfig *config,
                                      struct MlaStore **out);
 
 /**
- * Creates a zeroed store in the memory of CUDA device `device_ordinal`.
- * Fails with `MLA_STATUS_UNSUPPORTED` when the library is built without
- * its `cuda` feature, and with `MLA_STATUS_STORAGE` when there is no
- * driver, no such device, or no NVRTC.
+ * Creates a zeroed store in the memory of CUDA device `device_ordinal`;
+ * its kernels are compiled by NVRTC for the device on first use. Fails
+ * with `MLA_STATUS_UNSUPPORTED` when the library is built without its
+ * `cuda` feature, with `MLA_STATUS_STORAGE` when there is no driver, no
+ * such device, no libnvrtc or not enough device memory, and with
+ * `MLA_STATUS_INVALID_CONFIG` for an invalid configuration (or one whose
+ * `bytes_per_token` is not a multiple of 4).
+ *
+ * A CUDA store defines what it cannot check without synchronizing: slots
+ * at or past `num_blocks * block_size` are skipped like negative ones, and
+ * block ids past the cache gather rows of zeros.
  *
  * # Safety
  * `out` must be valid for a write; `*out` receives the new handle.

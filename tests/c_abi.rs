@@ -81,13 +81,11 @@ fn build(compiler: &str, flags: &[&str], source: &str, name: &str, shared: bool)
 
 #[test]
 fn c_program_exercises_every_function_and_status() {
-    let exe = build(
-        "gcc",
-        &["-std=c11", "-pedantic"],
-        "tests/c/test_abi.c",
-        "test_abi",
-        true,
-    );
+    let mut flags = vec!["-std=c11", "-pedantic"];
+    if cfg!(feature = "cuda") {
+        flags.push("-DMLA_TEST_CUDA_FEATURE");
+    }
+    let exe = build("gcc", &flags, "tests/c/test_abi.c", "test_abi", true);
     let out = run(&mut Command::new(&exe), "test_abi");
     let summary = out.lines().last().unwrap_or_default();
     assert!(summary.ends_with(" passed, 0 failed"), "{out}");

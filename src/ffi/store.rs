@@ -202,10 +202,17 @@ pub unsafe extern "C" fn mla_store_create_host(
     })
 }
 
-/// Creates a zeroed store in the memory of CUDA device `device_ordinal`.
-/// Fails with `MLA_STATUS_UNSUPPORTED` when the library is built without
-/// its `cuda` feature, and with `MLA_STATUS_STORAGE` when there is no
-/// driver, no such device, or no NVRTC.
+/// Creates a zeroed store in the memory of CUDA device `device_ordinal`;
+/// its kernels are compiled by NVRTC for the device on first use. Fails
+/// with `MLA_STATUS_UNSUPPORTED` when the library is built without its
+/// `cuda` feature, with `MLA_STATUS_STORAGE` when there is no driver, no
+/// such device, no libnvrtc or not enough device memory, and with
+/// `MLA_STATUS_INVALID_CONFIG` for an invalid configuration (or one whose
+/// `bytes_per_token` is not a multiple of 4).
+///
+/// A CUDA store defines what it cannot check without synchronizing: slots
+/// at or past `num_blocks * block_size` are skipped like negative ones, and
+/// block ids past the cache gather rows of zeros.
 ///
 /// # Safety
 /// `out` must be valid for a write; `*out` receives the new handle.
@@ -218,16 +225,22 @@ pub unsafe extern "C" fn mla_store_create_cuda(
     out: *mut *mut MlaStore,
 ) -> MlaStatus {
     guard("mla_store_create_cuda", || {
-        create(config, out, |c| {
-            c.validate()?;
-            Err(Failure::new(
-                MlaStatus::Unsupported,
-                format!(
-                    "no CUDA store for device {device_ordinal}: this build of mla_cache has none"
-                ),
-            ))
-        })
+        create(config, out, |c| cuda_store(c, device_ordinal))
     })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
+    Ok(Box::new(crate::store::CudaStore::new(config, ordinal)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
+    config.validate()?;
+    Err(Failure::new(
+        MlaStatus::Unsupported,
+        format!("no CUDA store for device {ordinal}: mla_cache was built without its cuda feature"),
+    ))
 }
 
 /// Destroys a store and frees its memory (views into it become invalid).
