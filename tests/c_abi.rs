@@ -33,7 +33,11 @@ fn out_dir() -> PathBuf {
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {
+    // cargo's LD_LIBRARY_PATH names target/<profile> too, whose uplifted
+    // library may come from another build (other features); it would take
+    // precedence over the programs' run path.
     let out = cmd
+        .env("LD_LIBRARY_PATH", lib_dir())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -139,7 +139,9 @@ thread_local! {
 
 fn set_last_error(message: String) {
     let message = CString::new(message.replace('\0', "\\0")).expect("NULs were replaced");
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = message);
+    // `try_with`: a call from a thread-local destructor finds no slot; the
+    // status still says what happened.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
 }
 
 /// Runs an FFI body: maps its failure or panic to a status and records the
@@ -169,7 +171,9 @@ pub(crate) fn guard(function: &str, body: impl FnOnce() -> FfiResult<()>) -> Mla
 /// Thread safety: thread-safe; each thread has its own message.
 #[no_mangle]
 pub extern "C" fn mla_last_error() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The constant name of a status (`"MLA_STATUS_OUT_OF_BLOCKS"`), or
