@@ -44,6 +44,7 @@ pub mod codec;
 pub mod config;
 pub mod error;
 mod events;
+pub mod ffi;
 mod hash;
 mod index;
 mod manager;

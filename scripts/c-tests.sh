@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the library, then builds and runs the C/C++ tests of its C ABI
+# (tests/c/) and the C++ example (examples/cpp/).
+#
+#   scripts/c-tests.sh [--release] [--valgrind]
+#
+#   --release   test the release build (target/release) instead of the debug one
+#   --valgrind  run the C test and the example under valgrind memcheck
+#               (--error-exitcode=1 --leak-check=full); any error or leak fails
+#
+# `cargo test --test c_abi` runs the same programs without valgrind.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+profile=debug
+cargo_flags=()
+valgrind=0
+for arg in "$@"; do
+    case "$arg" in
+        --release) profile=release; cargo_flags+=(--release) ;;
+        --valgrind) valgrind=1 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) echo "unknown option: $arg" >&2; exit 2 ;;
+    esac
+done
+
+cargo build --lib "${cargo_flags[@]}"
+target_dir="${CARGO_TARGET_DIR:-target}"
+lib="$target_dir/$profile"
+out="$target_dir/c-tests/$profile"
+mkdir -p "$out"
+
+warn=(-Wall -Wextra -Werror -g -O1)
+shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
+static=(-Iinclude "$lib/libmla_cache.a" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
+
+gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_abi.c "${shared[@]}" -o "$out/test_abi"
+g++ -std=c++17 -pthread "${warn[@]}" tests/c/test_threads.cpp "${shared[@]}" -o "$out/test_threads"
+g++ -std=c++17 -pedantic "${warn[@]}" examples/cpp/example.cpp "${static[@]}" -o "$out/example"
+
+run=()
+if [[ $valgrind == 1 ]]; then
+    command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
+    run=(valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible)
+fi
+
+"${run[@]}" "$out/test_abi"
+"${run[@]}" "$out/test_threads"
+"${run[@]}" "$out/example" >/dev/null
+echo "example: passed"

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Installs the C library: header, shared and static libraries, a pkg-config
+# file and a CMake package config.
+#
+#   scripts/install-capi.sh PREFIX [--no-build]
+#
+# installs
+#   PREFIX/include/mla_cache.h
+#   PREFIX/lib/libmla_cache.so, PREFIX/lib/libmla_cache.a
+#   PREFIX/lib/pkgconfig/mla_cache.pc
+#   PREFIX/lib/cmake/mla_cache/mla_cacheConfig.cmake (+ ...ConfigVersion.cmake)
+#
+# then, in a C or C++ project:
+#   g++ app.cpp $(PKG_CONFIG_PATH=PREFIX/lib/pkgconfig pkg-config --cflags --libs mla_cache)
+#   cmake -DCMAKE_PREFIX_PATH=PREFIX ...   with   find_package(mla_cache REQUIRED)
+#                                                 target_link_libraries(app mla_cache::mla_cache)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+if [[ $# -lt 1 || $1 == -* ]]; then
+    sed -n '2,17p' "$0"
+    exit 2
+fi
+mkdir -p "$1"
+prefix="$(cd "$1" && pwd)"
+build=1
+[[ ${2:-} == --no-build ]] && build=0
+
+if [[ $build == 1 ]]; then
+    cargo build --release --lib
+fi
+lib="${CARGO_TARGET_DIR:-target}/release"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
+# Native libraries the static library needs (rustc --print native-static-libs).
+static_deps="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+
+install -Dm644 include/mla_cache.h "$prefix/include/mla_cache.h"
+install -Dm755 "$lib/libmla_cache.so" "$prefix/lib/libmla_cache.so"
+install -Dm644 "$lib/libmla_cache.a" "$prefix/lib/libmla_cache.a"
+
+mkdir -p "$prefix/lib/pkgconfig"
+cat > "$prefix/lib/pkgconfig/mla_cache.pc" <<EOF
+prefix=$prefix
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: mla_cache
+Description: Paged KV cache for Multi-head Latent Attention (DeepSeek-V2/V3, Kimi-K2), C API
+Version: $version
+Cflags: -I\${includedir}
+Libs: -L\${libdir} -lmla_cache -Wl,-rpath,\${libdir}
+Libs.private: $static_deps
+EOF
+
+cmake_dir="$prefix/lib/cmake/mla_cache"
+mkdir -p "$cmake_dir"
+cat > "$cmake_dir/mla_cacheConfig.cmake" <<EOF
+# mla_cache $version. Imported targets:
+#   mla_cache::mla_cache         the shared library
+#   mla_cache::mla_cache_static  the static library (with its native dependencies)
+get_filename_component(_mla_cache_prefix "\${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+if(NOT TARGET mla_cache::mla_cache)
+  add_library(mla_cache::mla_cache SHARED IMPORTED)
+  set_target_properties(mla_cache::mla_cache PROPERTIES
+    IMPORTED_LOCATION "\${_mla_cache_prefix}/lib/libmla_cache.so"
+    INTERFACE_INCLUDE_DIRECTORIES "\${_mla_cache_prefix}/include")
+  add_library(mla_cache::mla_cache_static STATIC IMPORTED)
+  set_target_properties(mla_cache::mla_cache_static PROPERTIES
+    IMPORTED_LOCATION "\${_mla_cache_prefix}/lib/libmla_cache.a"
+    INTERFACE_INCLUDE_DIRECTORIES "\${_mla_cache_prefix}/include"
+    INTERFACE_LINK_LIBRARIES "gcc_s;util;rt;pthread;m;dl;c")
+endif()
+unset(_mla_cache_prefix)
+EOF
+major="${version%%.*}"
+minor="$(echo "$version" | cut -d. -f2)"
+cat > "$cmake_dir/mla_cacheConfigVersion.cmake" <<EOF
+# Compatible with a requested version that is not newer, of the same major
+# version (and, before 1.0, the same minor version).
+set(PACKAGE_VERSION "$version")
+set(PACKAGE_VERSION_COMPATIBLE TRUE)
+if(PACKAGE_FIND_VERSION)
+  if(PACKAGE_FIND_VERSION VERSION_GREATER PACKAGE_VERSION
+     OR NOT PACKAGE_FIND_VERSION_MAJOR EQUAL $major
+     OR ($major EQUAL 0 AND NOT PACKAGE_FIND_VERSION_MINOR EQUAL $minor))
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  elseif(PACKAGE_FIND_VERSION VERSION_EQUAL PACKAGE_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()
+EOF
+
+echo "installed mla_cache $version into $prefix"

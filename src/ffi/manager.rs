@@ -1,0 +1,605 @@
+//! The block manager: admission, prefix matching, appends, forks, pins.
+
+use std::ffi::c_char;
+
+use super::config::{info, CONFIGS};
+use super::{
+    guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
+    MlaStatus, MlaTokenId, Out, OutBuf, Registry,
+};
+use crate::{AdmitOptions, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey};
+
+/// A block manager (opaque): who holds which block, prefix sharing,
+/// copy-on-write, pinning and eviction. Thread-safe: share one handle
+/// between threads freely.
+pub struct MlaManager {
+    pub(crate) inner: BlockManager,
+}
+
+/// A block copy the engine must perform before writing new tokens
+/// (copy-on-write of a shared partial block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct MlaBlockCopy {
+    /// Block to copy from (still shared with other requests).
+    pub src: MlaBlockId,
+    /// Fresh block that replaces `src` in the appending request's table.
+    pub dst: MlaBlockId,
+}
+
+impl From<BlockCopy> for MlaBlockCopy {
+    fn from(c: BlockCopy) -> Self {
+        Self {
+            src: c.src,
+            dst: c.dst,
+        }
+    }
+}
+
+pub(crate) static MANAGERS: Registry<MlaManager> = Registry::new("MlaManager");
+
+/// A multimodal input whose placeholder tokens occupy
+/// `offset .. offset + length` of the prompt.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaMultiModalKey {
+    /// Content hash of the input (any NUL-terminated string); required.
+    pub hash: *const c_char,
+    /// First placeholder token.
+    pub offset: usize,
+    /// Number of placeholder tokens.
+    pub length: usize,
+}
+
+/// Keys beyond the token ids that decide whether blocks may be shared.
+/// All-zero (NULL pointers, no inputs) means none.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaExtraKeys {
+    /// LoRA adapter (or model variant) name, or NULL; enters every block.
+    pub adapter: *const c_char,
+    /// Cache salt for tenant isolation, or NULL; enters the first block (and so all).
+    pub salt: *const c_char,
+    /// Multimodal inputs (`num_mm` of them; may be NULL when `num_mm` is 0).
+    pub mm: *const MlaMultiModalKey,
+    /// Number of multimodal inputs.
+    pub num_mm: usize,
+}
+
+/// How a request is admitted. All-zero means the defaults (no decode
+/// slots, no extra keys, unchunked prefill).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaAdmitOptions {
+    /// Token slots reserved beyond the prompt, for decoding.
+    pub decode_slots: usize,
+    /// Extra keys (adapter, salt, multimodal inputs).
+    pub keys: MlaExtraKeys,
+    /// The prompt is computed in chunks, reported with `mla_manager_commit`;
+    /// until then its uncomputed blocks are not shared. When false the whole
+    /// prompt, and every appended token, counts as computed at once.
+    pub chunked_prefill: bool,
+}
+
+/// Converts optional C extra keys.
+///
+/// # Safety
+/// A non-null `keys` must point to a valid `MlaExtraKeys` whose strings and
+/// array are valid.
+unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKeys> {
+    // SAFETY: per the contract.
+    let Some(k) = (unsafe { keys.as_ref() }) else {
+        return Ok(ExtraKeys::default());
+    };
+    // SAFETY: per the contract.
+    let mm = unsafe { input(k.mm, k.num_mm, "keys.mm") }?
+        .iter()
+        .map(|m| {
+            Ok(MultiModalKey {
+                // SAFETY: per the contract.
+                hash: unsafe { super::text(m.hash, "keys.mm[].hash") }?.to_owned(),
+                offset: m.offset,
+                length: m.length,
+            })
+        })
+        .collect::<FfiResult<Vec<_>>>()?;
+    Ok(ExtraKeys {
+        // SAFETY: per the contract.
+        adapter: unsafe { opt_text(k.adapter, "keys.adapter") }?.map(str::to_owned),
+        // SAFETY: per the contract.
+        salt: unsafe { opt_text(k.salt, "keys.salt") }?.map(str::to_owned),
+        mm,
+    })
+}
+
+/// Runs `f` on the manager behind a live handle.
+fn with<R>(m: *const MlaManager, f: impl FnOnce(&BlockManager) -> FfiResult<R>) -> FfiResult<R> {
+    MANAGERS.with(m, |m| f(&m.inner))
+}
+
+/// Creates a block manager for a configuration (copied: the configuration
+/// handle may be destroyed or changed afterwards). Fails with
+/// `MLA_STATUS_INVALID_CONFIG` if the configuration is invalid.
+///
+/// # Safety
+/// `out` must be valid for a write; `*out` receives the new handle.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_create(
+    config: *const MlaConfig,
+    out: *mut *mut MlaManager,
+) -> MlaStatus {
+    guard("mla_manager_create", || {
+        let out = Out::new(out, "out")?;
+        let config = CONFIGS.with(config, |c| Ok(c.get()))?;
+        let inner = BlockManager::new(config)?;
+        let handle = MANAGERS.register(MlaManager { inner });
+        // SAFETY: per the contract.
+        unsafe { out.set(handle) };
+        Ok(())
+    })
+}
+
+/// Destroys a manager and every request and event it holds.
+///
+/// # Safety
+/// `manager` must not be used after this call.
+///
+/// Thread safety: waits for calls in flight on this handle; calls made
+/// after it fail with `MLA_STATUS_INVALID_HANDLE`.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_destroy(manager: *mut MlaManager) -> MlaStatus {
+    guard("mla_manager_destroy", || MANAGERS.destroy(manager))
+}
+
+/// Reads the manager's configuration.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_get_config(
+    manager: *const MlaManager,
+    out: *mut MlaConfigInfo,
+) -> MlaStatus {
+    guard("mla_manager_get_config", || {
+        let out = Out::new(out, "out")?;
+        let config = with(manager, |m| Ok(info(m.config())))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(config) };
+        Ok(())
+    })
+}
+
+/// Admits request `id` with its prompt, reusing the longest cached prefix
+/// (capped at `num_tokens - 1` tokens by default) and reserving
+/// `options->decode_slots` more slots. `options` may be NULL (defaults).
+///
+/// All or nothing: on success the request holds exactly
+/// `ceil((num_tokens + decode_slots) / block_size)` blocks, written to
+/// `block_ids` (their count to `*num_block_ids`), and `*num_cached_tokens`
+/// leading prompt tokens are already cached. `block_ids_cap` below that
+/// count fails with `MLA_STATUS_BUFFER_TOO_SMALL` (count written to
+/// `*num_block_ids`). Other failures: `MLA_STATUS_OUT_OF_BLOCKS` (fits
+/// later), `MLA_STATUS_REQUEST_TOO_LARGE` (never fits),
+/// `MLA_STATUS_DUPLICATE_REQUEST`, `MLA_STATUS_EMPTY_INPUT`.
+///
+/// # Safety
+/// `tokens` must hold `num_tokens` ids; `block_ids` must have room for
+/// `block_ids_cap` ids; `options` must be NULL or valid (with valid strings);
+/// the outputs must be valid for writes.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_admit(
+    manager: *mut MlaManager,
+    id: MlaRequestId,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    options: *const MlaAdmitOptions,
+    block_ids: *mut MlaBlockId,
+    block_ids_cap: usize,
+    num_block_ids: *mut usize,
+    num_cached_tokens: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_admit", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
+        let cached_out = Out::new(num_cached_tokens, "num_cached_tokens")?;
+        let opts = match unsafe { options.as_ref() } {
+            None => AdmitOptions::default(),
+            Some(o) => AdmitOptions {
+                decode_slots: o.decode_slots,
+                keys: unsafe { extra_keys(&o.keys) }?,
+                chunked_prefill: o.chunked_prefill,
+            },
+        };
+        with(manager, |m| {
+            let config = m.config();
+            if let Some(slots) = tokens.len().checked_add(opts.decode_slots) {
+                let needed = slots.div_ceil(config.block_size);
+                if needed <= config.num_blocks {
+                    unsafe { out.reserve(needed) }?;
+                }
+            }
+            let admission = m.admit(id, tokens, &opts)?;
+            unsafe {
+                out.fill(&admission.block_ids)?;
+                cached_out.set(admission.num_cached_tokens);
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Finds the longest run of cached full blocks at the start of `tokens`
+/// under `keys` (NULL for none), without admitting anything or taking
+/// references: the blocks may be evicted right after. Writes their ids and
+/// count, and the tokens they cover to `*num_cached_tokens`. Too small a
+/// buffer fails with `MLA_STATUS_BUFFER_TOO_SMALL` (count written).
+///
+/// # Safety
+/// `tokens` must hold `num_tokens` ids; `block_ids` must have room for
+/// `block_ids_cap` ids; `keys` must be NULL or valid; outputs valid for writes.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_match_prefix(
+    manager: *const MlaManager,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    keys: *const MlaExtraKeys,
+    block_ids: *mut MlaBlockId,
+    block_ids_cap: usize,
+    num_block_ids: *mut usize,
+    num_cached_tokens: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_match_prefix", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let keys = unsafe { extra_keys(keys) }?;
+        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
+        let cached_out = Out::new(num_cached_tokens, "num_cached_tokens")?;
+        let found = with(manager, |m| Ok(m.match_prefix(tokens, &keys)))?;
+        unsafe {
+            out.fill(&found.block_ids)?;
+            cached_out.set(found.num_tokens);
+        }
+        Ok(())
+    })
+}
+
+/// Appends generated `tokens` to request `id`. Fills the reserved room
+/// first and takes a new block only when it is full; a shared partial tail
+/// is first replaced by a fresh block, and the `(src, dst)` copy the engine
+/// must perform before writing is returned in `copies`.
+///
+/// The ids of blocks added to the end of the table go to `new_block_ids`.
+/// Capacities are checked before anything changes, against the most a call
+/// can return: `ceil(num_tokens / block_size)` new ids and
+/// `MLA_MAX_COPIES_PER_APPEND` copies; below that the call fails with
+/// `MLA_STATUS_BUFFER_TOO_SMALL`, writing the needed capacities to
+/// `*num_new_block_ids` and `*num_copies`. Other failures:
+/// `MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_OUT_OF_BLOCKS`,
+/// `MLA_STATUS_REQUEST_TOO_LARGE`, `MLA_STATUS_EMPTY_INPUT`.
+///
+/// # Safety
+/// `tokens` must hold `num_tokens` ids; `new_block_ids` and `copies` must
+/// have room for their capacities; the counts must be valid for writes.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_append(
+    manager: *mut MlaManager,
+    id: MlaRequestId,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    new_block_ids: *mut MlaBlockId,
+    new_block_ids_cap: usize,
+    num_new_block_ids: *mut usize,
+    copies: *mut MlaBlockCopy,
+    copies_cap: usize,
+    num_copies: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_append", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let new_out = OutBuf::new(
+            new_block_ids,
+            new_block_ids_cap,
+            num_new_block_ids,
+            "new_block_ids",
+        )?;
+        let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
+        with(manager, |m| {
+            let most_new = tokens.len().div_ceil(m.config().block_size);
+            if !tokens.is_empty()
+                && (most_new > new_block_ids_cap || copies_cap < MLA_MAX_COPIES_PER_APPEND)
+            {
+                // SAFETY: per the contract.
+                unsafe {
+                    new_out.set_len(most_new);
+                    copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
+                }
+                return Err(Failure::new(
+                    MlaStatus::BufferTooSmall,
+                    format!(
+                        "appending {} tokens needs room for {most_new} new block ids and \
+                         {MLA_MAX_COPIES_PER_APPEND} copy, got {new_block_ids_cap} and {copies_cap}",
+                        tokens.len()
+                    ),
+                ));
+            }
+            let outcome = m.append(id, tokens)?;
+            unsafe {
+                new_out.fill(&outcome.new_block_ids)?;
+                copies_out.fill(&outcome.copies)?;
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Most copies one `mla_manager_append` returns (only the tail block of a
+/// request can be shared and partial).
+pub const MLA_MAX_COPIES_PER_APPEND: usize = 1;
+
+/// Reports that the first `num_computed_tokens` tokens of request `id` have
+/// their KV written (chunked prefill); full blocks among them become
+/// shareable. Progress only moves forward and cannot pass the request's
+/// length (`MLA_STATUS_INVALID_ARGUMENT`).
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_manager_commit(
+    manager: *mut MlaManager,
+    id: MlaRequestId,
+    num_computed_tokens: usize,
+) -> MlaStatus {
+    guard("mla_manager_commit", || {
+        with(manager, |m| Ok(m.commit(id, num_computed_tokens)?))
+    })
+}
+
+/// Creates request `child` sharing every block of `parent` that holds
+/// tokens (parallel sampling, beam search); takes no new block. Fails with
+/// `MLA_STATUS_UNKNOWN_REQUEST` or `MLA_STATUS_DUPLICATE_REQUEST`.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_manager_fork(
+    manager: *mut MlaManager,
+    parent: MlaRequestId,
+    child: MlaRequestId,
+) -> MlaStatus {
+    guard("mla_manager_fork", || {
+        with(manager, |m| Ok(m.fork(parent, child)?))
+    })
+}
+
+/// Frees request `id`; its blocks are released tail first (deepest blocks
+/// of a prefix chain are evicted first). `MLA_STATUS_UNKNOWN_REQUEST` if
+/// it is not admitted.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_manager_free(manager: *mut MlaManager, id: MlaRequestId) -> MlaStatus {
+    guard("mla_manager_free", || with(manager, |m| Ok(m.free(id)?)))
+}
+
+/// Writes the block table of request `id` and its length. Too small a
+/// buffer fails with `MLA_STATUS_BUFFER_TOO_SMALL` (length written).
+///
+/// # Safety
+/// `block_ids` must have room for `block_ids_cap` ids; `num_block_ids` must
+/// be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_block_table(
+    manager: *const MlaManager,
+    id: MlaRequestId,
+    block_ids: *mut MlaBlockId,
+    block_ids_cap: usize,
+    num_block_ids: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_block_table", || {
+        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
+        let table = with(manager, |m| Ok(m.block_table(id)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.fill(&table) }
+    })
+}
+
+/// Writes the slot numbers (`block_id * block_size + offset`) of positions
+/// `start .. end` of request `id` (positions may reach into its reserved
+/// room) and their count. Too small a buffer fails with
+/// `MLA_STATUS_BUFFER_TOO_SMALL` (count written); positions beyond the
+/// request's slots with `MLA_STATUS_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `slots` must have room for `slots_cap` values; `num_slots` must be
+/// valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_slot_mapping(
+    manager: *const MlaManager,
+    id: MlaRequestId,
+    start: usize,
+    end: usize,
+    slots: *mut i64,
+    slots_cap: usize,
+    num_slots: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_slot_mapping", || {
+        let out = OutBuf::new(slots, slots_cap, num_slots, "slots")?;
+        let mapping = with(manager, |m| Ok(m.slot_mapping(id, start..end)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.fill(&mapping) }
+    })
+}
+
+/// Writes the number of tokens (prompt and appended) of request `id`.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_num_tokens(
+    manager: *const MlaManager,
+    id: MlaRequestId,
+    out: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_num_tokens", || {
+        let out = Out::new(out, "out")?;
+        let n = with(manager, |m| Ok(m.num_tokens(id)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Pins the cached full blocks of the prefix `tokens` under `keys` (NULL
+/// for none): they are neither evicted nor reused until unpinned. Writes
+/// the tokens pinned (0 when nothing is cached). Pins nest. Fails with
+/// `MLA_STATUS_PIN_BUDGET_EXCEEDED` past the budget.
+///
+/// # Safety
+/// `tokens` must hold `num_tokens` ids; `keys` must be NULL or valid;
+/// `pinned_tokens` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_pin(
+    manager: *mut MlaManager,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    keys: *const MlaExtraKeys,
+    pinned_tokens: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_pin", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let keys = unsafe { extra_keys(keys) }?;
+        let out = Out::new(pinned_tokens, "pinned_tokens")?;
+        let n = with(manager, |m| Ok(m.pin(tokens, &keys)?))?;
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Releases one pin of each pinned block of the prefix `tokens` under
+/// `keys` (NULL for none); writes the tokens unpinned. Fails with
+/// `MLA_STATUS_NOT_PINNED` if its first block is not pinned.
+///
+/// # Safety
+/// As for `mla_manager_pin`.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_unpin(
+    manager: *mut MlaManager,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    keys: *const MlaExtraKeys,
+    unpinned_tokens: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_unpin", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let keys = unsafe { extra_keys(keys) }?;
+        let out = Out::new(unpinned_tokens, "unpinned_tokens")?;
+        let n = with(manager, |m| Ok(m.unpin(tokens, &keys)?))?;
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// A snapshot of the manager's gauges and counters
+/// (`free_blocks + used_blocks == num_blocks` always holds).
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_stats(
+    manager: *const MlaManager,
+    out: *mut CacheStats,
+) -> MlaStatus {
+    guard("mla_manager_stats", || {
+        let out = Out::new(out, "out")?;
+        let stats = with(manager, |m| Ok(m.stats()))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(stats) };
+        Ok(())
+    })
+}
+
+/// Writes the number of blocks no request holds.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_num_free_blocks(
+    manager: *const MlaManager,
+    out: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_num_free_blocks", || {
+        let out = Out::new(out, "out")?;
+        let n = with(manager, |m| Ok(m.num_free_blocks()))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Writes the fraction of blocks in use, `0.0 ..= 1.0`.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_usage(manager: *const MlaManager, out: *mut f64) -> MlaStatus {
+    guard("mla_manager_usage", || {
+        let out = Out::new(out, "out")?;
+        let usage = with(manager, |m| Ok(m.usage()))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(usage) };
+        Ok(())
+    })
+}
+
+/// Drops every cached block from the prefix index. Refused with
+/// `MLA_STATUS_BLOCKS_IN_USE` while any block is held (by requests or pins).
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_manager_reset_prefix_cache(manager: *mut MlaManager) -> MlaStatus {
+    guard("mla_manager_reset_prefix_cache", || {
+        with(manager, |m| Ok(m.reset_prefix_cache()?))
+    })
+}
+
+/// Checks every bookkeeping invariant of the manager (for tests): returns
+/// `MLA_STATUS_INTERNAL`, with the first violation as the message, if one
+/// does not hold. Takes the manager's lock for a full scan.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_manager_check_invariants(manager: *const MlaManager) -> MlaStatus {
+    guard("mla_manager_check_invariants", || {
+        with(manager, |m| {
+            m.check_invariants()
+                .map_err(|e| Failure::new(MlaStatus::Internal, e))
+        })
+    })
+}

@@ -1,0 +1,252 @@
+//! Status codes, the thread-local last error, version information.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use super::{Failure, FfiResult};
+use crate::Error;
+
+/// Major version of the library this header belongs to.
+pub const MLA_CACHE_VERSION_MAJOR: u32 = 0;
+/// Minor version of the library this header belongs to.
+pub const MLA_CACHE_VERSION_MINOR: u32 = 1;
+/// Patch version of the library this header belongs to.
+pub const MLA_CACHE_VERSION_PATCH: u32 = 0;
+
+/// Outcome of a call. Every value but `MLA_STATUS_OK` comes with a message
+/// from `mla_last_error()`, and means the call changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaStatus {
+    /// Success.
+    Ok = 0,
+    /// A required pointer argument is null.
+    NullPointer = 1,
+    /// A handle is not live: destroyed, never created, or of another type.
+    InvalidHandle = 2,
+    /// An argument is out of range or inconsistent (also: misaligned pointers).
+    InvalidArgument = 3,
+    /// A string argument is not valid UTF-8.
+    InvalidUtf8 = 4,
+    /// The configuration cannot describe a cache (also: unknown preset or dtype).
+    InvalidConfig = 5,
+    /// An output buffer is too small; the needed length was written to its
+    /// length output.
+    BufferTooSmall = 6,
+    /// Not enough free blocks now; may succeed after requests are freed.
+    OutOfBlocks = 7,
+    /// The request needs more blocks than the whole cache has.
+    RequestTooLarge = 8,
+    /// No request with this id is admitted.
+    UnknownRequest = 9,
+    /// A request with this id is already admitted.
+    DuplicateRequest = 10,
+    /// A call that needs tokens got none.
+    EmptyInput = 11,
+    /// A block id outside the cache, or a block in the wrong state.
+    InvalidBlock = 12,
+    /// Pinning would exceed the pinned-block budget.
+    PinBudgetExceeded = 13,
+    /// Unpin of a prefix that is not pinned.
+    NotPinned = 14,
+    /// The operation needs an idle cache, and blocks are in use.
+    BlocksInUse = 15,
+    /// A storage backend failed or is unavailable (no GPU, no driver...).
+    Storage = 16,
+    /// The feature is not compiled into this build of the library.
+    Unsupported = 17,
+    /// A bookkeeping invariant does not hold (a bug in mla_cache).
+    Internal = 18,
+    /// mla_cache panicked; the message says where. The handle may be unusable.
+    Panic = 19,
+}
+
+impl MlaStatus {
+    const ALL: [MlaStatus; 20] = [
+        MlaStatus::Ok,
+        MlaStatus::NullPointer,
+        MlaStatus::InvalidHandle,
+        MlaStatus::InvalidArgument,
+        MlaStatus::InvalidUtf8,
+        MlaStatus::InvalidConfig,
+        MlaStatus::BufferTooSmall,
+        MlaStatus::OutOfBlocks,
+        MlaStatus::RequestTooLarge,
+        MlaStatus::UnknownRequest,
+        MlaStatus::DuplicateRequest,
+        MlaStatus::EmptyInput,
+        MlaStatus::InvalidBlock,
+        MlaStatus::PinBudgetExceeded,
+        MlaStatus::NotPinned,
+        MlaStatus::BlocksInUse,
+        MlaStatus::Storage,
+        MlaStatus::Unsupported,
+        MlaStatus::Internal,
+        MlaStatus::Panic,
+    ];
+
+    /// The constant's name as spelled in the header, NUL-terminated.
+    fn name(self) -> &'static str {
+        match self {
+            MlaStatus::Ok => "MLA_STATUS_OK\0",
+            MlaStatus::NullPointer => "MLA_STATUS_NULL_POINTER\0",
+            MlaStatus::InvalidHandle => "MLA_STATUS_INVALID_HANDLE\0",
+            MlaStatus::InvalidArgument => "MLA_STATUS_INVALID_ARGUMENT\0",
+            MlaStatus::InvalidUtf8 => "MLA_STATUS_INVALID_UTF8\0",
+            MlaStatus::InvalidConfig => "MLA_STATUS_INVALID_CONFIG\0",
+            MlaStatus::BufferTooSmall => "MLA_STATUS_BUFFER_TOO_SMALL\0",
+            MlaStatus::OutOfBlocks => "MLA_STATUS_OUT_OF_BLOCKS\0",
+            MlaStatus::RequestTooLarge => "MLA_STATUS_REQUEST_TOO_LARGE\0",
+            MlaStatus::UnknownRequest => "MLA_STATUS_UNKNOWN_REQUEST\0",
+            MlaStatus::DuplicateRequest => "MLA_STATUS_DUPLICATE_REQUEST\0",
+            MlaStatus::EmptyInput => "MLA_STATUS_EMPTY_INPUT\0",
+            MlaStatus::InvalidBlock => "MLA_STATUS_INVALID_BLOCK\0",
+            MlaStatus::PinBudgetExceeded => "MLA_STATUS_PIN_BUDGET_EXCEEDED\0",
+            MlaStatus::NotPinned => "MLA_STATUS_NOT_PINNED\0",
+            MlaStatus::BlocksInUse => "MLA_STATUS_BLOCKS_IN_USE\0",
+            MlaStatus::Storage => "MLA_STATUS_STORAGE\0",
+            MlaStatus::Unsupported => "MLA_STATUS_UNSUPPORTED\0",
+            MlaStatus::Internal => "MLA_STATUS_INTERNAL\0",
+            MlaStatus::Panic => "MLA_STATUS_PANIC\0",
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let status = match &e {
+            Error::InvalidConfig(_) => MlaStatus::InvalidConfig,
+            Error::OutOfBlocks { .. } => MlaStatus::OutOfBlocks,
+            Error::RequestTooLarge { .. } => MlaStatus::RequestTooLarge,
+            Error::UnknownRequest(_) => MlaStatus::UnknownRequest,
+            Error::DuplicateRequest(_) => MlaStatus::DuplicateRequest,
+            Error::EmptyInput(_) => MlaStatus::EmptyInput,
+            Error::InvalidArgument(_) => MlaStatus::InvalidArgument,
+            Error::InvalidBlock(_) => MlaStatus::InvalidBlock,
+            Error::PinBudgetExceeded { .. } => MlaStatus::PinBudgetExceeded,
+            Error::NotPinned => MlaStatus::NotPinned,
+            Error::BlocksInUse(_) => MlaStatus::BlocksInUse,
+            Error::Storage(_) => MlaStatus::Storage,
+        };
+        Failure::new(status, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: String) {
+    let message = CString::new(message.replace('\0', "\\0")).expect("NULs were replaced");
+    // `try_with`: a call from a thread-local destructor finds no slot; the
+    // status still says what happened.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
+}
+
+/// Runs an FFI body: maps its failure or panic to a status and records the
+/// message, prefixed with the function's name, as the thread's last error.
+pub(crate) fn guard(function: &str, body: impl FnOnce() -> FfiResult<()>) -> MlaStatus {
+    let failure = match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => return MlaStatus::Ok,
+        Ok(Err(failure)) => failure,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("unknown payload");
+            Failure::new(MlaStatus::Panic, format!("panic: {what}"))
+        }
+    };
+    set_last_error(format!("{function}: {}", failure.message));
+    failure.status
+}
+
+/// Message of the last failing call on the calling thread ("" if none).
+///
+/// The string belongs to the library and stays valid until the next failing
+/// call on this thread; copy it to keep it. Successful calls leave it as is.
+///
+/// Thread safety: thread-safe; each thread has its own message.
+#[no_mangle]
+pub extern "C" fn mla_last_error() -> *const c_char {
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
+}
+
+/// The constant name of a status (`"MLA_STATUS_OUT_OF_BLOCKS"`), or
+/// `"MLA_STATUS_UNKNOWN"` for a value that is not an `MlaStatus`.
+///
+/// The string is static. Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_status_name(status: i32) -> *const c_char {
+    let name = MlaStatus::ALL
+        .iter()
+        .find(|s| **s as i32 == status)
+        .map_or("MLA_STATUS_UNKNOWN\0", |s| s.name());
+    name.as_ptr().cast()
+}
+
+/// The library's version, `"MAJOR.MINOR.PATCH"`; compare with the header's
+/// `MLA_CACHE_VERSION_*` macros to detect a mismatched library at run time.
+///
+/// The string is static. Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use super::*;
+
+    fn last_error() -> String {
+        // SAFETY: the library's own NUL-terminated string.
+        unsafe { CStr::from_ptr(mla_last_error()) }
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn version_macros_match_the_package_version() {
+        let v = format!(
+            "{MLA_CACHE_VERSION_MAJOR}.{MLA_CACHE_VERSION_MINOR}.{MLA_CACHE_VERSION_PATCH}"
+        );
+        assert_eq!(v, env!("CARGO_PKG_VERSION"));
+        // SAFETY: static NUL-terminated string.
+        assert_eq!(
+            unsafe { CStr::from_ptr(mla_version()) }.to_str().unwrap(),
+            v
+        );
+    }
+
+    #[test]
+    fn a_panic_becomes_a_status_and_a_message() {
+        let status = guard("mla_test", || panic!("boom {}", 7));
+        assert_eq!(status, MlaStatus::Panic);
+        assert_eq!(last_error(), "mla_test: panic: boom 7");
+        let status = guard("mla_test", || Err(Error::NotPinned.into()));
+        assert_eq!(status, MlaStatus::NotPinned);
+        assert_eq!(last_error(), "mla_test: prefix is not pinned");
+        assert_eq!(guard("mla_test", || Ok(())), MlaStatus::Ok);
+        assert_eq!(last_error(), "mla_test: prefix is not pinned");
+    }
+
+    #[test]
+    fn status_names_cover_every_value() {
+        for (i, s) in MlaStatus::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i);
+            // SAFETY: static NUL-terminated string.
+            let name = unsafe { CStr::from_ptr(mla_status_name(i as i32)) };
+            assert!(name.to_str().unwrap().starts_with("MLA_STATUS_"));
+        }
+        // SAFETY: static NUL-terminated string.
+        let unknown = unsafe { CStr::from_ptr(mla_status_name(-1)) };
+        assert_eq!(unknown.to_str().unwrap(), "MLA_STATUS_UNKNOWN");
+    }
+}

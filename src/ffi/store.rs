@@ -1,0 +1,413 @@
+//! Latent stores: write, gather and copy latents on host or GPU memory.
+
+use std::ffi::c_void;
+
+use super::config::{info, CONFIGS};
+use super::{
+    guard, input, Failure, FfiResult, MlaBlockCopy, MlaBlockId, MlaConfig, MlaConfigInfo, MlaDtype,
+    MlaStatus, Out, Registry,
+};
+use crate::codec::{ElemType, TokenLayout};
+use crate::store::{
+    Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc,
+};
+use crate::CacheConfig;
+
+/// A latent store (opaque): the cached latents of every layer, laid out per
+/// layer as `[num_blocks][block_size][bytes_per_token]`. Thread-safe;
+/// operations on one layer are ordered by the store.
+pub struct MlaStore {
+    inner: Box<dyn LatentStore>,
+}
+
+static STORES: Registry<MlaStore> = Registry::new("MlaStore");
+
+/// Element type of a tensor given to or filled by a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaElemType {
+    /// bfloat16.
+    Bf16 = 0,
+    /// IEEE binary16.
+    F16 = 1,
+    /// IEEE binary32.
+    F32 = 2,
+}
+
+impl From<ElemType> for MlaElemType {
+    fn from(e: ElemType) -> Self {
+        match e {
+            ElemType::Bf16 => MlaElemType::Bf16,
+            ElemType::F16 => MlaElemType::F16,
+            ElemType::F32 => MlaElemType::F32,
+        }
+    }
+}
+
+/// A 2-D tensor in the store's memory space (host memory for a host store,
+/// device memory for a CUDA store): `rows` rows of `cols` elements of type
+/// `elem` (an `MlaElemType` value), rows `row_stride` bytes apart (0 means
+/// contiguous, `cols * element size`), elements within a row contiguous.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaMatrix {
+    /// Address of element `[0][0]`; may be NULL only when the tensor is empty.
+    pub data: *mut c_void,
+    /// Element type, an `MlaElemType` value.
+    pub elem: u32,
+    /// Rows (tokens).
+    pub rows: usize,
+    /// Elements per row.
+    pub cols: usize,
+    /// Bytes from one row to the next; 0 for contiguous rows.
+    pub row_stride: usize,
+}
+
+/// Where a store keeps its latents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaDeviceKind {
+    /// Host memory.
+    Host = 0,
+    /// A CUDA device (see `device_ordinal`).
+    Cuda = 1,
+}
+
+/// Where the parts of one encoded latent lie, in bytes.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaTokenLayout {
+    /// Bytes of one encoded latent.
+    pub bytes_per_token: usize,
+    /// Bytes of NoPE codes, from offset 0.
+    pub nope_bytes: usize,
+    /// Offset of the first scale.
+    pub scales_offset: usize,
+    /// Number of scales (0 for bf16).
+    pub num_scales: usize,
+    /// Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6.
+    pub scale_bytes: usize,
+    /// Offset of the bf16 RoPE values.
+    pub rope_offset: usize,
+}
+
+/// The raw memory of one layer, for attention kernels that read the cache
+/// in place: a `[num_blocks][block_size][bytes_per_token]` byte tensor.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaLayerView {
+    /// Address of the layer's first byte (host or device memory); valid
+    /// until the store is destroyed. Reads and writes through it bypass the
+    /// store's ordering.
+    pub data: *mut c_void,
+    /// Memory space of `data`.
+    pub device_kind: MlaDeviceKind,
+    /// CUDA device ordinal (0 for host memory).
+    pub device_ordinal: usize,
+    /// Storage format.
+    pub dtype: MlaDtype,
+    /// `[num_blocks, block_size, bytes_per_token]`.
+    pub shape: [usize; 3],
+    /// Byte strides of the three dimensions.
+    pub strides: [usize; 3],
+    /// Bytes of the layer (`shape[0] * shape[1] * shape[2]`).
+    pub len_bytes: usize,
+    /// Layout of one encoded latent.
+    pub layout: MlaTokenLayout,
+}
+
+fn layout(l: TokenLayout) -> MlaTokenLayout {
+    MlaTokenLayout {
+        bytes_per_token: l.bytes_per_token,
+        nope_bytes: l.nope_bytes,
+        scales_offset: l.scales_offset,
+        num_scales: l.num_scales,
+        scale_bytes: l.scale_bytes,
+        rope_offset: l.rope_offset,
+    }
+}
+
+fn device(d: Device) -> (MlaDeviceKind, usize) {
+    match d {
+        Device::Host => (MlaDeviceKind::Host, 0),
+        Device::Cuda(ordinal) => (MlaDeviceKind::Cuda, ordinal),
+    }
+}
+
+/// Converts a C matrix descriptor; the store checks shapes and types.
+///
+/// # Safety
+/// A non-null `m` must point to a valid `MlaMatrix`.
+unsafe fn matrix(m: *const MlaMatrix, what: &str) -> FfiResult<MatrixDesc> {
+    // SAFETY: per the contract.
+    let m = unsafe { m.as_ref() }.ok_or_else(|| Failure::null(what))?;
+    let elem = ElemType::ALL
+        .into_iter()
+        .find(|e| MlaElemType::from(*e) as u32 == m.elem)
+        .ok_or_else(|| {
+            Failure::invalid(format!("{what}: unknown element type value {}", m.elem))
+        })?;
+    if m.data.is_null() && m.rows > 0 && m.cols > 0 {
+        return Err(Failure::null(&format!("{what}->data")));
+    }
+    let row_stride = match m.row_stride {
+        0 => m
+            .cols
+            .checked_mul(elem.size())
+            .ok_or_else(|| Failure::invalid(format!("{what}: row size overflows")))?,
+        s => s,
+    };
+    Ok(MatrixDesc {
+        addr: m.data as usize,
+        elem,
+        rows: m.rows,
+        cols: m.cols,
+        row_stride,
+    })
+}
+
+fn create(
+    config: *const MlaConfig,
+    out: *mut *mut MlaStore,
+    make: impl FnOnce(&CacheConfig) -> FfiResult<Box<dyn LatentStore>>,
+) -> FfiResult<()> {
+    let out = Out::new(out, "out")?;
+    let config = CONFIGS.with(config, |c| Ok(c.get()))?;
+    let inner = make(&config)?;
+    // SAFETY: `out` was checked; valid for a write per the caller's contract.
+    unsafe { out.set(STORES.register(MlaStore { inner })) };
+    Ok(())
+}
+
+/// Creates a zeroed store in host memory for a configuration (copied).
+/// With `huge_pages`, backs it with huge pages where the system allows
+/// (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG` or,
+/// when memory cannot be mapped, `MLA_STATUS_STORAGE`.
+///
+/// # Safety
+/// `out` must be valid for a write; `*out` receives the new handle.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_create_host(
+    config: *const MlaConfig,
+    huge_pages: bool,
+    out: *mut *mut MlaStore,
+) -> MlaStatus {
+    guard("mla_store_create_host", || {
+        create(config, out, |c| {
+            let store = HostStore::with_options(c, HostStoreOptions { huge_pages })?;
+            Ok(Box::new(store))
+        })
+    })
+}
+
+/// Creates a zeroed store in the memory of CUDA device `device_ordinal`;
+/// its kernels are compiled by NVRTC for the device on first use. Fails
+/// with `MLA_STATUS_UNSUPPORTED` when the library is built without its
+/// `cuda` feature, with `MLA_STATUS_STORAGE` when there is no driver, no
+/// such device, no libnvrtc or not enough device memory, and with
+/// `MLA_STATUS_INVALID_CONFIG` for an invalid configuration (or one whose
+/// `bytes_per_token` is not a multiple of 4).
+///
+/// A CUDA store defines what it cannot check without synchronizing: slots
+/// at or past `num_blocks * block_size` are skipped like negative ones, and
+/// block ids past the cache gather rows of zeros.
+///
+/// # Safety
+/// `out` must be valid for a write; `*out` receives the new handle.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_create_cuda(
+    config: *const MlaConfig,
+    device_ordinal: usize,
+    out: *mut *mut MlaStore,
+) -> MlaStatus {
+    guard("mla_store_create_cuda", || {
+        create(config, out, |c| cuda_store(c, device_ordinal))
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
+    Ok(Box::new(crate::store::CudaStore::new(config, ordinal)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
+    config.validate()?;
+    Err(Failure::new(
+        MlaStatus::Unsupported,
+        format!("no CUDA store for device {ordinal}: mla_cache was built without its cuda feature"),
+    ))
+}
+
+/// Destroys a store and frees its memory (views into it become invalid).
+///
+/// # Safety
+/// `store` must not be used after this call.
+///
+/// Thread safety: waits for calls in flight on this handle; calls made
+/// after it fail with `MLA_STATUS_INVALID_HANDLE`.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_destroy(store: *mut MlaStore) -> MlaStatus {
+    guard("mla_store_destroy", || STORES.destroy(store))
+}
+
+/// Reads the store's configuration.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_get_config(
+    store: *const MlaStore,
+    out: *mut MlaConfigInfo,
+) -> MlaStatus {
+    guard("mla_store_get_config", || {
+        let out = Out::new(out, "out")?;
+        let config = STORES.with(store, |s| Ok(info(s.inner.config())))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(config) };
+        Ok(())
+    })
+}
+
+/// Quantizes and stores `num_slots` tokens of layer `layer`: row `t` of
+/// `c_kv` (`[num_slots, kv_lora_rank]`) and of `k_pe` (`[num_slots,
+/// rope_dim]`), bf16, fp16 or fp32, goes to slot `slot_mapping[t]`
+/// (`block_id * block_size + offset`); negative slots are skipped. All
+/// three arrays live in the store's memory space. A CUDA store enqueues the
+/// work on `stream` (a `CUstream`, NULL for the legacy default stream)
+/// without synchronizing; a host store ignores `stream` and is done on return.
+///
+/// # Safety
+/// The descriptors must describe readable memory of the store's memory
+/// space; `slot_mapping` must hold `num_slots` values. On a CUDA store they
+/// must stay valid until the stream reaches the work.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_write(
+    store: *const MlaStore,
+    layer: usize,
+    c_kv: *const MlaMatrix,
+    k_pe: *const MlaMatrix,
+    slot_mapping: *const i64,
+    num_slots: usize,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_write", || {
+        // SAFETY: per the contract, for every pointer below.
+        let (c_kv, k_pe) = unsafe { (matrix(c_kv, "c_kv")?, matrix(k_pe, "k_pe")?) };
+        if slot_mapping.is_null() && num_slots > 0 {
+            return Err(Failure::null("slot_mapping"));
+        }
+        let slots = VectorDesc::new(slot_mapping as usize, num_slots);
+        STORES.with(store, |s| {
+            Ok(unsafe {
+                s.inner
+                    .write_raw(layer, c_kv, k_pe, slots, Stream(stream as usize))
+            }?)
+        })
+    })
+}
+
+/// Decodes the first `out->rows` tokens of a sequence from layer `layer`
+/// into `out` (`[tokens, kv_lora_rank + rope_dim]`, bf16 or fp32, NoPE then
+/// RoPE), reading token `p` from block `block_table[p / block_size]`.
+/// `block_table` (at least `ceil(rows / block_size)` ids) and `out` live in
+/// the store's memory space; `stream` as for `mla_store_write`.
+///
+/// # Safety
+/// `block_table` must hold `num_block_ids` ids and `out` describe writable
+/// memory, both in the store's memory space (and valid until the stream
+/// reaches the work, on a CUDA store).
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_gather(
+    store: *const MlaStore,
+    layer: usize,
+    block_table: *const MlaBlockId,
+    num_block_ids: usize,
+    out: *const MlaMatrix,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_gather", || {
+        // SAFETY: per the contract.
+        let out = unsafe { matrix(out, "out") }?;
+        if block_table.is_null() && num_block_ids > 0 {
+            return Err(Failure::null("block_table"));
+        }
+        let table = VectorDesc::new(block_table as usize, num_block_ids);
+        STORES.with(store, |s| {
+            Ok(unsafe {
+                s.inner
+                    .gather_raw(layer, table, out, Stream(stream as usize))
+            }?)
+        })
+    })
+}
+
+/// Performs the block copies returned by `mla_manager_append`, in every
+/// layer: block `dst` becomes a copy of block `src`. A destination may
+/// appear only once and never as a source (`MLA_STATUS_INVALID_ARGUMENT`);
+/// ids must be below `num_blocks` (`MLA_STATUS_INVALID_BLOCK`). `copies`
+/// is host memory; `stream` as for `mla_store_write`.
+///
+/// # Safety
+/// `copies` must hold `num_copies` pairs.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_copy_blocks(
+    store: *const MlaStore,
+    copies: *const MlaBlockCopy,
+    num_copies: usize,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_copy_blocks", || {
+        // SAFETY: per the contract.
+        let copies = unsafe { input(copies, num_copies, "copies") }?;
+        let pairs: Vec<(MlaBlockId, MlaBlockId)> = copies.iter().map(|c| (c.src, c.dst)).collect();
+        STORES.with(store, |s| {
+            Ok(s.inner.copy_blocks(&pairs, Stream(stream as usize))?)
+        })
+    })
+}
+
+/// Describes the raw memory of layer `layer`, for kernels that read the
+/// cache in place (FlashMLA's paged KV cache is such a tensor).
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_layer_view(
+    store: *const MlaStore,
+    layer: usize,
+    out: *mut MlaLayerView,
+) -> MlaStatus {
+    guard("mla_store_layer_view", || {
+        let out = Out::new(out, "out")?;
+        let view = STORES.with(store, |s| Ok(s.inner.layer_view(layer)?))?;
+        let (device_kind, device_ordinal) = device(view.device);
+        let view = MlaLayerView {
+            data: view.addr as *mut c_void,
+            device_kind,
+            device_ordinal,
+            dtype: view.dtype.into(),
+            shape: view.shape,
+            strides: view.strides,
+            len_bytes: view.len_bytes(),
+            layout: layout(view.layout),
+        };
+        // SAFETY: per the contract.
+        unsafe { out.set(view) };
+        Ok(())
+    })
+}

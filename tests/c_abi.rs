@@ -1,0 +1,123 @@
+//! Builds the C and C++ programs under `tests/c/` and `examples/cpp/`
+//! against the library cargo built for this test run, and runs them:
+//! - `test_abi.c`: every function and error status, linked to the shared library;
+//! - `test_threads.cpp`: 8 threads of random operations on one manager;
+//! - `examples/cpp/example.cpp`: linked to the static library.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where cargo put `libmla_cache.so` and `libmla_cache.a` for this run
+/// (the `deps` directory next to this test's executable).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    for lib in ["libmla_cache.so", "libmla_cache.a"] {
+        assert!(
+            dir.join(lib).exists(),
+            "{lib} not found in {}",
+            dir.display()
+        );
+    }
+    dir
+}
+
+fn out_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_abi");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    // cargo's LD_LIBRARY_PATH names target/<profile> too, whose uplifted
+    // library may come from another build (other features); it would take
+    // precedence over the programs' run path.
+    let out = cmd
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Compiles `sources` into `name`, linked to the shared library (with an
+/// rpath) or to the static library.
+fn build(compiler: &str, flags: &[&str], source: &str, name: &str, shared: bool) -> PathBuf {
+    let lib = lib_dir();
+    let exe = out_dir().join(name);
+    let mut cmd = Command::new(compiler);
+    cmd.args(flags)
+        .args(["-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join(source))
+        .arg("-o")
+        .arg(&exe);
+    if shared {
+        cmd.arg(format!("-L{}", lib.display()))
+            .arg("-lmla_cache")
+            .arg(format!("-Wl,-rpath,{}", lib.display()));
+    } else {
+        cmd.arg(lib.join("libmla_cache.a")).args([
+            "-lgcc_s",
+            "-lutil",
+            "-lrt",
+            "-lpthread",
+            "-lm",
+            "-ldl",
+            "-lc",
+        ]);
+    }
+    cmd.arg("-lm");
+    run(&mut cmd, &format!("{compiler} {source}"));
+    exe
+}
+
+#[test]
+fn c_program_exercises_every_function_and_status() {
+    let mut flags = vec!["-std=c11", "-pedantic"];
+    if cfg!(feature = "cuda") {
+        flags.push("-DMLA_TEST_CUDA_FEATURE");
+    }
+    let exe = build("gcc", &flags, "tests/c/test_abi.c", "test_abi", true);
+    let out = run(&mut Command::new(&exe), "test_abi");
+    let summary = out.lines().last().unwrap_or_default();
+    assert!(summary.ends_with(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn cpp_threads_share_one_manager() {
+    let exe = build(
+        "g++",
+        &["-std=c++17", "-pthread"],
+        "tests/c/test_threads.cpp",
+        "test_threads",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_threads");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn cpp_example_links_the_static_library() {
+    let exe = build(
+        "g++",
+        &["-std=c++17", "-pedantic"],
+        "examples/cpp/example.cpp",
+        "example",
+        false,
+    );
+    let out = run(&mut Command::new(&exe), "example");
+    assert!(out.contains("gathered 200 tokens, 200 bit-exact"), "{out}");
+    assert!(out.contains("MLA_STATUS_UNKNOWN_REQUEST"), "{out}");
+}
