@@ -2,9 +2,10 @@
 # Builds the library, then builds and runs the C/C++ tests of its C ABI
 # (tests/c/) and the C++ example (examples/cpp/).
 #
-#   scripts/c-tests.sh [--release] [--valgrind]
+#   scripts/c-tests.sh [--release] [--features LIST] [--valgrind]
 #
 #   --release   test the release build (target/release) instead of the debug one
+#   --features  build the library with these Cargo features (e.g. cuda)
 #   --valgrind  run the C test and the example under valgrind memcheck
 #               (--error-exitcode=1 --leak-check=full); any error or leak fails
 #
@@ -14,12 +15,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=debug
 cargo_flags=()
+defines=()
 valgrind=0
-for arg in "$@"; do
+while [[ $# -gt 0 ]]; do
+    arg="$1"
+    shift
     case "$arg" in
         --release) profile=release; cargo_flags+=(--release) ;;
+        --features)
+            cargo_flags+=(--features "$1")
+            # The C test expects a CUDA store to be creatable (or to fail for want of a GPU).
+            [[ ",$1," == *,cuda,* ]] && defines+=(-DMLA_TEST_CUDA_FEATURE)
+            shift ;;
         --valgrind) valgrind=1 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg" >&2; exit 2 ;;
     esac
 done
@@ -30,7 +39,7 @@ lib="$target_dir/$profile"
 out="$target_dir/c-tests/$profile"
 mkdir -p "$out"
 
-warn=(-Wall -Wextra -Werror -g -O1)
+warn=(-Wall -Wextra -Werror -g -O1 "${defines[@]}")
 shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
 static=(-Iinclude "$lib/libmla_cache.a" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 

@@ -29,3 +29,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 echo "== python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
 .venv/bin/python -m pytest -q python/tests
+
+echo "== C ABI tests under valgrind (memcheck)"
+command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
+scripts/c-tests.sh --release --features cuda --valgrind
