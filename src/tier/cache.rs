@@ -105,6 +105,9 @@ pub struct TierStats {
 struct RequestState {
     /// Computed blocks already considered for write-through.
     written: usize,
+    /// Leading blocks whose bytes the engine has written (or the tier
+    /// loaded): only these may be copied down.
+    settled: usize,
     /// The caller asked for unchunked prefill: every token counts as
     /// computed once admitted or appended.
     unchunked: bool,
@@ -297,12 +300,12 @@ impl TieredCache {
         }
         let l3 = loaded - l1 - l2;
 
-        self.requests.lock().insert(id, RequestState { written: loaded, unchunked: !opts.chunked_prefill });
+        let state = RequestState { written: loaded, settled: loaded, unchunked: !opts.chunked_prefill };
+        self.requests.lock().insert(id, state);
         let computed = if opts.chunked_prefill { loaded * bs } else { tokens.len() };
         if computed > admission.num_cached_tokens {
             self.manager.commit(id, computed)?;
         }
-        self.after_compute(id)?;
         self.count_admission(tokens.len(), l1 * bs, l2 * bs, l3 * bs);
         Ok(TieredAdmission {
             block_ids: admission.block_ids,
@@ -312,11 +315,15 @@ impl TieredCache {
     }
 
     /// Appends generated tokens, like [`BlockManager::append`]; blocks it
-    /// evicts are copied down first under write-back.
+    /// evicts are copied down first under write-back. For a request
+    /// admitted unchunked, an append also tells that the step producing the
+    /// tokens has written every earlier token's KV: those blocks are now
+    /// copied down under write-through.
     pub fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<AppendOutcome> {
         if !self.tiered() {
             return self.manager.append(id, tokens);
         }
+        let before = self.manager.num_tokens(id)?;
         let outcome = {
             let _alloc = self.alloc.lock();
             let out = self.manager.append(id, tokens);
@@ -325,20 +332,21 @@ impl TieredCache {
             self.on_evicted(&evicted);
             out?
         };
-        let unchunked = self.requests.lock().get(&id).is_some_and(|r| r.unchunked);
-        if unchunked {
+        if self.is_unchunked(id) {
             self.manager.commit(id, self.manager.num_tokens(id)?)?;
+            self.settle(id, before / self.manager.config().block_size);
         }
-        self.after_compute(id)?;
+        self.write_through(id)?;
         Ok(outcome)
     }
 
-    /// Reports computed tokens, like [`BlockManager::commit`]; under
-    /// write-through the newly full blocks go down.
+    /// Reports tokens whose KV the engine has written, like
+    /// [`BlockManager::commit`]; under write-through their full blocks go down.
     pub fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()> {
         self.manager.commit(id, num_computed_tokens)?;
         if self.tiered() {
-            self.after_compute(id)?;
+            self.settle(id, num_computed_tokens / self.manager.config().block_size);
+            self.write_through(id)?;
         }
         Ok(())
     }
@@ -353,8 +361,16 @@ impl TieredCache {
         Ok(())
     }
 
-    /// Frees request `id`, like [`BlockManager::free`].
+    /// Frees request `id`, like [`BlockManager::free`]. For a request
+    /// admitted unchunked, every token but the last counts as written (the
+    /// last one's KV is computed by a step that never runs), and under
+    /// write-through those blocks go down before the blocks are released.
     pub fn free(&self, id: RequestId) -> Result<()> {
+        if self.tiered() && self.is_unchunked(id) {
+            let len = self.manager.num_tokens(id)?;
+            self.settle(id, len.saturating_sub(1) / self.manager.config().block_size);
+            self.write_through(id)?;
+        }
         self.manager.free(id)?;
         self.requests.lock().remove(&id);
         Ok(())
@@ -421,15 +437,31 @@ impl TieredCache {
         self.counters.written_through.fetch_add(n, Relaxed);
     }
 
-    /// Under write-through, copies down request `id`'s blocks computed since the last call.
-    fn after_compute(&self, id: RequestId) -> Result<()> {
+    fn is_unchunked(&self, id: RequestId) -> bool {
+        self.requests.lock().get(&id).is_some_and(|r| r.unchunked)
+    }
+
+    /// Records that request `id`'s first `blocks` blocks hold their bytes.
+    fn settle(&self, id: RequestId, blocks: usize) {
+        if let Some(r) = self.requests.lock().get_mut(&id) {
+            r.settled = r.settled.max(blocks);
+        }
+    }
+
+    /// Under write-through, copies down request `id`'s computed, settled
+    /// blocks not copied yet.
+    fn write_through(&self, id: RequestId) -> Result<()> {
         if self.policy != WritePolicy::WriteThrough {
             return Ok(());
         }
-        let Some(written) = self.requests.lock().get(&id).map(|r| r.written) else {
+        let Some((written, settled)) = self.requests.lock().get(&id).map(|r| (r.written, r.settled)) else {
             return Ok(());
         };
-        let fresh = self.manager.computed_blocks(id, written)?;
+        if settled <= written {
+            return Ok(());
+        }
+        let mut fresh = self.manager.computed_blocks(id, written)?;
+        fresh.truncate(settled - written);
         if fresh.is_empty() {
             return Ok(());
         }
