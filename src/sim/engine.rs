@@ -514,6 +514,29 @@ mod tests {
     }
 
     #[test]
+    fn lower_tiers_serve_what_the_device_tier_evicted() {
+        // 40 blocks of 64: request 3 repeats request 1's prompt after
+        // request 2 evicted it from the device tier.
+        let reqs = [
+            request(0, 2048, 4, &[1, 2, 3, 4]),
+            request(1000, 2048, 4, &[5, 6, 7, 8]),
+            request(2000, 2048, 4, &[1, 2, 3, 4]),
+        ];
+        // Request 2 evicts request 1's blocks tail first: 7 roots stay.
+        let device_only = run(&reqs, &config(40));
+        assert_eq!(device_only.hit_tokens, 7 * 64);
+        for (host_blocks, remote) in [(64, None), (0, Some(SimRemoteTier::InProcess { blocks: 64 }))] {
+            let tiered = SimConfig { host_blocks, remote: remote.clone(), ..config(40) };
+            let r = run(&reqs, &tiered);
+            // The last prompt token is recomputed: 31 of 32 blocks load.
+            assert_eq!(r.hit_tokens, 31 * 64, "{host_blocks} {remote:?}");
+            assert_eq!(r.tier_hits.total() as u64, r.hit_tokens);
+            assert_eq!(r.tier_hits.device_tokens, 7 * 64);
+            assert_eq!(r.tier_hits.host_tokens + r.tier_hits.remote_tokens, 24 * 64);
+        }
+    }
+
+    #[test]
     fn a_full_cache_queues_head_of_line_and_evicts() {
         // 40 blocks: each request needs 33, so the second waits for the
         // first to finish (3 x 40 ms after arrival), then evicts its tail.
