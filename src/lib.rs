@@ -8,7 +8,9 @@
 //!   hashes, copy-on-write for forked sequences, pinning and eviction;
 //!   thread-safe (`Send + Sync`);
 //! - [`codec`] and [`store`]: the latent storage formats (`bf16`,
-//!   `fp8_ds_mla`, `mxfp6`) and stores on host and GPU memory.
+//!   `fp8_ds_mla`, `mxfp6`) and stores on host and GPU memory;
+//! - [`tier`]: a host-memory tier and a remote tier shared by a fleet
+//!   (Valkey/Redis with feature `remote-redis`) below the device cache.
 //!
 //! ```
 //! use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Dtype};
@@ -55,6 +57,7 @@ pub mod sim;
 mod stats;
 pub mod store;
 mod sync;
+pub mod tier;
 
 pub use config::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 pub use error::{Error, Result};

@@ -138,6 +138,8 @@ struct State {
     stats: CacheStats,
     events: Vec<CacheEvent>,
     buf: Vec<u8>,
+    /// Evicted (hash, block) pairs since the last `take_evicted`, when logging.
+    evicted: Option<Vec<(BlockHash, BlockId)>>,
 }
 
 impl BlockManager {
@@ -177,6 +179,7 @@ impl BlockManager {
             },
             events: Vec::new(),
             buf: Vec::new(),
+            evicted: None,
         };
         Ok(Self {
             hasher: Hasher::new(seed, config.block_size),
@@ -597,6 +600,53 @@ impl BlockManager {
         Ok(())
     }
 
+    /// Hashes of the full blocks of `tokens` under `keys`, as admission
+    /// computes them (empty without prefix caching). A lower cache tier keys
+    /// its blocks by these.
+    pub fn block_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<BlockHash> {
+        self.chain(tokens, &self.hasher.digest(keys))
+    }
+
+    /// The (hash, block) pairs of request `id`'s full computed blocks from
+    /// block `from` on, in table order. Their contents are final: full
+    /// computed blocks are never written again.
+    pub fn computed_blocks(&self, id: RequestId, from: usize) -> Result<Vec<(BlockHash, BlockId)>> {
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        Ok(request
+            .hashes
+            .iter()
+            .zip(&request.blocks)
+            .skip(from)
+            .map(|(&h, &b)| (h, b))
+            .collect())
+    }
+
+    /// Starts (`true`) or stops logging evictions for [`BlockManager::take_evicted`].
+    /// Stopping drops the log.
+    pub fn set_eviction_log(&self, on: bool) {
+        let mut st = self.state.lock();
+        match (on, st.evicted.is_some()) {
+            (true, false) => st.evicted = Some(Vec::new()),
+            (false, true) => st.evicted = None,
+            _ => {}
+        }
+    }
+
+    /// The (hash, block) pairs evicted since the last call, oldest first
+    /// (empty unless [`BlockManager::set_eviction_log`] is on). An evicted
+    /// block was handed to a new owner by the call that evicted it, but keeps
+    /// its old contents until that owner's engine writes it: copy it out
+    /// before returning the block table to the engine (write-back).
+    pub fn take_evicted(&self) -> Vec<(BlockHash, BlockId)> {
+        self.state
+            .lock()
+            .evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Takes a free block for a new owner: never-hashed blocks first, then
     /// the policy's victim, whose hash leaves the index. The caller checked
     /// that a free block exists.
@@ -611,6 +661,9 @@ impl BlockManager {
                     .expect("evictable blocks are hashed");
                 self.index.remove(hash);
                 st.stats.evictions += 1;
+                if let Some(log) = &mut st.evicted {
+                    log.push((hash, b));
+                }
                 if self.config.enable_events {
                     st.events.push(CacheEvent::BlockRemoved {
                         block_hashes: vec![hash],

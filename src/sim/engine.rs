@@ -26,6 +26,15 @@
 //!   queue head is retried.
 //!
 //! Output token ids follow [`TraceRequest::token_at`].
+//!
+//! # Lower tiers
+//!
+//! With a host tier or a remote tier, requests go through a
+//! [`TieredCache`] over a bookkeeping-only device tier: hits, loads and
+//! write policies are the real ones, blocks hold no bytes, and loads take
+//! no simulated time. Before each admission the replay waits for the remote
+//! tier's queued writes, so figures do not depend on thread timing (with a
+//! real server they still depend on what else it holds).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -35,10 +44,47 @@ use serde::Serialize;
 
 use super::report::{Distribution, ManagerCost, SimReport};
 use super::trace::TraceRequest;
+use crate::tier::remote::{BlockFormat, RemoteBackend, SimRemote};
+use crate::tier::{
+    BookkeepingOnly, TierHits, HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache, WritePolicy,
+};
 use crate::{
     AdmitOptions, BlockManager, CacheConfig, Dtype, Error, EvictionPolicyKind, ModelGeometry,
     RequestId, Result, TokenId,
 };
+
+/// The remote tier of a simulation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum SimRemoteTier {
+    /// An in-process store holding this many blocks.
+    InProcess {
+        /// Capacity in blocks.
+        blocks: usize,
+    },
+    /// A Valkey/Redis server or Cluster (see
+    /// `RedisRemote::from_spec`; needs feature `remote-redis`).
+    Redis {
+        /// The server's URL, or `cluster:` and node URLs.
+        #[serde(serialize_with = "redacted")]
+        spec: String,
+    },
+}
+
+/// Serializes a server spec without its passwords.
+fn redacted<S: serde::Serializer>(spec: &str, s: S) -> std::result::Result<S::Ok, S::Error> {
+    let parts: Vec<String> = spec
+        .split(',')
+        .map(|url| match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let creds = &url[scheme + 3..at];
+                let user = creds.split(':').next().unwrap_or("");
+                format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+            }
+            _ => url.to_string(),
+        })
+        .collect();
+    s.collect_str(&parts.join(","))
+}
 
 const NS_PER_MS: u64 = 1_000_000;
 
@@ -63,6 +109,13 @@ pub struct SimConfig {
     pub prefill_ns_per_token: u64,
     /// Seed of the manager's block hash chain (hits do not depend on it).
     pub hash_seed: u64,
+    /// Host-memory tier (L2) capacity in blocks; 0 for none.
+    pub host_blocks: usize,
+    /// The remote tier (L3), if any.
+    pub remote: Option<SimRemoteTier>,
+    /// When blocks are copied to the lower tiers.
+    #[serde(serialize_with = "by_name")]
+    pub write_policy: WritePolicy,
 }
 
 impl Default for SimConfig {
@@ -78,6 +131,9 @@ impl Default for SimConfig {
             tpot_ns: 40 * NS_PER_MS,
             prefill_ns_per_token: 0,
             hash_seed: 0,
+            host_blocks: 0,
+            remote: None,
+            write_policy: WritePolicy::WriteThrough,
         }
     }
 }
@@ -94,6 +150,50 @@ impl SimConfig {
         config.validate()?;
         Ok(config)
     }
+
+    /// The tiered cache this configuration replays through.
+    fn tiered_cache(&self, cache: CacheConfig) -> Result<TieredCache> {
+        let host = (self.host_blocks > 0)
+            .then(|| HostTier::new(0, self.host_blocks))
+            .transpose()?;
+        let remote = match &self.remote {
+            None => None,
+            Some(tier) => {
+                let (backend, budget): (Box<dyn RemoteBackend>, Duration) = match tier {
+                    SimRemoteTier::InProcess { blocks } => {
+                        (Box::new(SimRemote::new(*blocks)), Duration::from_secs(60))
+                    }
+                    SimRemoteTier::Redis { spec } => (redis_backend(spec)?, Duration::from_secs(1)),
+                };
+                let options = RemoteOptions {
+                    namespace: format!("simulate:{}", self.model),
+                    lookup_budget: budget,
+                    ..RemoteOptions::default()
+                };
+                Some(RemoteTier::new(backend, BlockFormat::new(&cache, 0), options)?)
+            }
+        };
+        let manager = BlockManager::new(cache)?;
+        let tiers = TierOptions {
+            write_policy: self.write_policy,
+            host,
+            remote,
+        };
+        TieredCache::new(manager, std::sync::Arc::new(BookkeepingOnly), tiers)
+    }
+}
+
+#[cfg(feature = "remote-redis")]
+fn redis_backend(spec: &str) -> Result<Box<dyn RemoteBackend>> {
+    use crate::tier::remote::{RedisOptions, RedisRemote};
+    Ok(Box::new(RedisRemote::from_spec(spec, RedisOptions::default())?))
+}
+
+#[cfg(not(feature = "remote-redis"))]
+fn redis_backend(_spec: &str) -> Result<Box<dyn RemoteBackend>> {
+    Err(Error::InvalidConfig(
+        "a Valkey/Redis remote tier needs the remote-redis feature".into(),
+    ))
 }
 
 /// Serializes a configuration enum by its CLI name.
@@ -140,11 +240,12 @@ pub fn simulate(
 ) -> Result<SimReport> {
     let wall = Instant::now();
     let cache = config.cache_config()?;
-    let manager = BlockManager::new(cache.clone())?;
+    let tiered = config.tiered_cache(cache.clone())?;
+    let manager = tiered.manager();
     let mut sim = Sim {
         requests,
         config,
-        manager: &manager,
+        cache: &tiered,
         meter: Meter::default(),
         queue: VecDeque::new(),
         head_tokens: None,
@@ -157,6 +258,7 @@ pub fn simulate(
         ttfts: Vec::with_capacity(requests.len()),
         prompt_tokens: 0,
         hit_tokens: 0,
+        tier_hits: TierHits::default(),
         hit_requests: 0,
         output_tokens: 0,
         never_fit: 0,
@@ -210,6 +312,8 @@ pub fn simulate(
         prompt_tokens: sim.prompt_tokens,
         hit_tokens: sim.hit_tokens,
         token_hit_rate: ratio(sim.hit_tokens, sim.prompt_tokens),
+        tier_hits: sim.tier_hits,
+        tiers: (config.host_blocks > 0 || config.remote.is_some()).then(|| tiered.stats()),
         hit_requests: sim.hit_requests,
         request_hit_rate: ratio(sim.hit_requests as u64, completed as u64),
         output_tokens: sim.output_tokens,
@@ -254,7 +358,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 struct Sim<'a> {
     requests: &'a [TraceRequest],
     config: &'a SimConfig,
-    manager: &'a BlockManager,
+    cache: &'a TieredCache,
     meter: Meter,
     /// Waiting requests (trace indices), head first.
     queue: VecDeque<usize>,
@@ -270,6 +374,8 @@ struct Sim<'a> {
     ttfts: Vec<u64>,
     prompt_tokens: u64,
     hit_tokens: u64,
+    /// Prompt tokens served per tier.
+    tier_hits: TierHits,
     hit_requests: usize,
     output_tokens: u64,
     never_fit: usize,
@@ -294,10 +400,16 @@ impl Sim<'_> {
             let r = &self.requests[i];
             let tokens = self.head_tokens.get_or_insert_with(|| r.prompt_tokens());
             let opts = AdmitOptions::decode_slots(r.output_length);
-            let (manager, id) = (self.manager, i as RequestId);
-            match self.meter.time(|| manager.admit(id, tokens, &opts)) {
+            let (cache, id) = (self.cache, i as RequestId);
+            if let Some(remote) = cache.remote() {
+                remote.flush(Duration::from_secs(60));
+            }
+            match self.meter.time(|| cache.admit(id, tokens, &opts)) {
                 Ok(admission) => {
                     let cached = admission.num_cached_tokens;
+                    self.tier_hits.device_tokens += admission.hits.device_tokens;
+                    self.tier_hits.host_tokens += admission.hits.host_tokens;
+                    self.tier_hits.remote_tokens += admission.hits.remote_tokens;
                     self.prompt_tokens += r.input_length as u64;
                     self.hit_tokens += cached as u64;
                     self.hit_requests += usize::from(cached > 0);
@@ -329,11 +441,11 @@ impl Sim<'_> {
     fn step(&mut self, e: Event) -> Result<bool> {
         let i = e.request;
         let r = &self.requests[i];
-        let manager = self.manager;
+        let cache = self.cache;
         let id = i as RequestId;
         if self.produced[i] < r.output_length {
             let token = r.token_at(r.input_length + self.produced[i]);
-            self.meter.time(|| manager.append(id, &[token]))?;
+            self.meter.time(|| cache.append(id, &[token]))?;
             self.produced[i] += 1;
             self.output_tokens += 1;
         }
@@ -341,7 +453,7 @@ impl Sim<'_> {
             self.schedule(e.time + self.config.tpot_ns, i);
             return Ok(false);
         }
-        self.meter.time(|| manager.free(id))?;
+        self.meter.time(|| cache.free(id))?;
         self.done += 1;
         self.try_admit(e.time)?;
         Ok(true)
@@ -399,6 +511,29 @@ mod tests {
         assert!((r.peak_usage - 33.0 / 1024.0).abs() < 1e-12);
         assert_eq!(r.simulated_s, 1.12);
         assert_eq!(r.queue_delay_ms.max, 0.0);
+    }
+
+    #[test]
+    fn lower_tiers_serve_what_the_device_tier_evicted() {
+        // 40 blocks of 64: request 3 repeats request 1's prompt after
+        // request 2 evicted it from the device tier.
+        let reqs = [
+            request(0, 2048, 4, &[1, 2, 3, 4]),
+            request(1000, 2048, 4, &[5, 6, 7, 8]),
+            request(2000, 2048, 4, &[1, 2, 3, 4]),
+        ];
+        // Request 2 evicts request 1's blocks tail first: 7 roots stay.
+        let device_only = run(&reqs, &config(40));
+        assert_eq!(device_only.hit_tokens, 7 * 64);
+        for (host_blocks, remote) in [(64, None), (0, Some(SimRemoteTier::InProcess { blocks: 64 }))] {
+            let tiered = SimConfig { host_blocks, remote: remote.clone(), ..config(40) };
+            let r = run(&reqs, &tiered);
+            // The last prompt token is recomputed: 31 of 32 blocks load.
+            assert_eq!(r.hit_tokens, 31 * 64, "{host_blocks} {remote:?}");
+            assert_eq!(r.tier_hits.total() as u64, r.hit_tokens);
+            assert_eq!(r.tier_hits.device_tokens, 7 * 64);
+            assert_eq!(r.tier_hits.host_tokens + r.tier_hits.remote_tokens, 24 * 64);
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ mod trace;
 pub mod units;
 
 pub use chat::ChatConfig;
-pub use engine::{simulate, SimConfig};
+pub use engine::{simulate, SimConfig, SimRemoteTier};
 pub use report::{Distribution, ManagerCost, SimReport};
 pub use trace::{
     OnMalformed, Trace, TraceLineError, TraceRequest, GENERATED_TOKEN_BASE, HASH_BLOCK_TOKENS,

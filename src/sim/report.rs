@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::engine::SimConfig;
 use super::units::{format_bytes, thousands};
+use crate::tier::{TierHits, TierStats};
 use crate::CacheStats;
 
 /// Summary of a distribution of durations, in milliseconds. Percentiles are
@@ -86,6 +87,10 @@ pub struct SimReport {
     pub hit_tokens: u64,
     /// `hit_tokens / prompt_tokens`.
     pub token_hit_rate: f64,
+    /// `hit_tokens` by tier: device, host memory, remote.
+    pub tier_hits: TierHits,
+    /// The lower tiers' counters, when there are any.
+    pub tiers: Option<TierStats>,
     /// Admitted requests with at least one cached token.
     pub hit_requests: usize,
     /// `hit_requests / completed`.
@@ -112,6 +117,14 @@ pub struct SimReport {
     pub wall_s: f64,
     /// The manager's final counters.
     pub stats: CacheStats,
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 fn percent(x: f64) -> String {
@@ -189,6 +202,43 @@ impl fmt::Display for SimReport {
                 thousands(self.completed as u64)
             ),
         )?;
+        if let Some(t) = &self.tiers {
+            let share = |tokens: usize| {
+                format!(
+                    "{} ({})",
+                    percent(ratio(tokens as u64, self.prompt_tokens)),
+                    thousands(tokens as u64)
+                )
+            };
+            let h = &self.tier_hits;
+            row(f, "  from device", share(h.device_tokens))?;
+            if c.host_blocks > 0 {
+                row(
+                    f,
+                    "  from host memory",
+                    format!(
+                        "{}, {} blocks, {}",
+                        share(h.host_tokens),
+                        thousands(c.host_blocks as u64),
+                        c.write_policy
+                    ),
+                )?;
+            }
+            if let Some(r) = &t.remote {
+                row(
+                    f,
+                    "  from remote",
+                    format!(
+                        "{}, {} blocks written, {} timeouts, {} errors, {} rejected",
+                        share(h.remote_tokens),
+                        thousands(r.put_blocks),
+                        thousands(r.timeouts),
+                        thousands(r.errors),
+                        thousands(r.rejected)
+                    ),
+                )?;
+            }
+        }
         row(
             f,
             "evictions",

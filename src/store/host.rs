@@ -176,6 +176,51 @@ impl HostStore {
         Ok(f(unsafe { self.layer_slice(layer) }))
     }
 
+    /// Bytes of one block in all layers (`num_layers x block_size x bytes_per_token`).
+    pub fn block_bytes(&self) -> usize {
+        self.config.num_layers * self.config.block_size * self.codec.bytes_per_token()
+    }
+
+    /// Copies block `block` of every layer, in stored format, into `out`
+    /// (`block_bytes()` bytes, layer after layer).
+    pub fn read_block(&self, block: BlockId, out: &mut [u8]) -> Result<()> {
+        let per_layer = self.check_block_io(block, out.len())?;
+        let start = block as usize * per_layer;
+        for (layer, chunk) in out.chunks_exact_mut(per_layer).enumerate() {
+            let _guard = self.layers[layer].read();
+            // SAFETY: the layer's read lock is held until the end of the scope.
+            let memory = unsafe { self.layer_slice(layer) };
+            chunk.copy_from_slice(&memory[start..start + per_layer]);
+        }
+        Ok(())
+    }
+
+    /// Overwrites block `block` of every layer with `data`, in stored format
+    /// (`block_bytes()` bytes, layer after layer), as [`HostStore::read_block`] gives them.
+    pub fn write_block(&self, block: BlockId, data: &[u8]) -> Result<()> {
+        let per_layer = self.check_block_io(block, data.len())?;
+        let start = block as usize * per_layer;
+        for (layer, chunk) in data.chunks_exact(per_layer).enumerate() {
+            let _guard = self.layers[layer].write();
+            // SAFETY: the layer's write lock is held until the end of the scope.
+            let memory = unsafe { self.layer_slice_mut(layer) };
+            memory[start..start + per_layer].copy_from_slice(chunk);
+        }
+        Ok(())
+    }
+
+    /// Checks a whole-block copy; returns the block's bytes per layer.
+    fn check_block_io(&self, block: BlockId, len: usize) -> Result<usize> {
+        check_block(&self.config, block)?;
+        if len != self.block_bytes() {
+            return Err(Error::InvalidArgument(format!(
+                "a block of all layers is {} bytes, got {len}",
+                self.block_bytes()
+            )));
+        }
+        Ok(self.config.block_size * self.codec.bytes_per_token())
+    }
+
     /// The bytes of `layer`.
     ///
     /// # Safety

@@ -9,6 +9,11 @@ pub fn bytes(s: &str) -> Result<u64, String> {
     parse_bytes(s)
 }
 
+/// A write policy of the lower cache tiers.
+pub fn write_policy(s: &str) -> Result<mla_cache::tier::WritePolicy, String> {
+    s.parse().map_err(|e: mla_cache::Error| e.to_string())
+}
+
 /// A storage format; the help lists every one.
 pub fn dtype() -> impl TypedValueParser<Value = Dtype> {
     PossibleValuesParser::new(Dtype::ALL.map(Dtype::name)).try_map(|s| s.parse::<Dtype>())

@@ -7,6 +7,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mla_cache::sim::{
     simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
 };
+use mla_cache::sim::SimRemoteTier;
+use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 
 use crate::args;
@@ -68,6 +70,19 @@ pub struct SimulateArgs {
     /// (tokens/s); 0 makes prefill instantaneous.
     #[arg(long, value_name = "TOKENS_PER_S", value_parser = args::non_negative, default_value = "0")]
     pub prefill_tps: f64,
+    /// Host-memory tier (L2) below the device cache: its size (0: none).
+    #[arg(long, value_name = "SIZE", value_parser = args::bytes, default_value = "0")]
+    pub host_mem: u64,
+    /// Remote tier (L3) shared by a fleet: `sim:SIZE` for an in-process
+    /// store, a Valkey/Redis URL (`redis://`, `rediss://` for TLS, ACL
+    /// credentials as `redis://user:password@host:port`), or `cluster:`
+    /// followed by comma-separated node URLs.
+    #[arg(long, value_name = "SPEC")]
+    pub remote: Option<String>,
+    /// When device blocks go down to the lower tiers: write-through,
+    /// write-through-selective[:N] or write-back.
+    #[arg(long, value_name = "POLICY", default_value = "write-through", value_parser = args::write_policy)]
+    pub write_policy: WritePolicy,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -159,7 +174,25 @@ impl SimulateArgs {
                 0
             },
             hash_seed: self.seed,
+            ..SimConfig::default()
         }
+    }
+
+    /// Adds the lower tiers the options name, sized in blocks of `config`.
+    pub fn with_tiers(&self, mut config: SimConfig) -> Result<SimConfig, String> {
+        let per_block = config.cache_config().map_err(|e| e.to_string())?.bytes_per_block() as u64;
+        config.host_blocks = (self.host_mem / per_block) as usize;
+        config.write_policy = self.write_policy;
+        config.remote = match self.remote.as_deref() {
+            None => None,
+            Some(spec) => Some(match spec.strip_prefix("sim:") {
+                Some(size) => SimRemoteTier::InProcess {
+                    blocks: (args::bytes(size)? / per_block) as usize,
+                },
+                None => SimRemoteTier::Redis { spec: spec.to_string() },
+            }),
+        };
+        Ok(config)
     }
 
     /// The cache configuration the options describe (for sizes).
@@ -208,7 +241,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     if args.sweep {
         return sweep::run(args, &name, &trace);
     }
-    let config = args.sim_config(args.dtype, args.num_blocks()?);
+    let config = args.with_tiers(args.sim_config(args.dtype, args.num_blocks()?))?;
     let bar = progress_bar(trace.requests.len() as u64, "simulating");
     let report = simulate(&name, &trace.requests, &config, |done, _| {
         bar.set_position(done as u64)

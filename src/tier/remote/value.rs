@@ -1,0 +1,193 @@
+//! The remote tier's keys and values.
+//!
+//! Key: `mla:{namespace:016x}:{block hash:032x}`, where the namespace digest
+//! covers the deployment's name and the block format, so differently
+//! configured caches never read each other's blocks.
+//!
+//! Value: a 52-byte header, then one block (all layers, stored format):
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic "MLAB"
+//!      4    2 version (1), little-endian like every field
+//!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6)
+//!      7    1 zero
+//!      8    4 layers
+//!     12    4 tokens per block
+//!     16    4 bytes per token per layer
+//!     20   16 block hash
+//!     36    8 payload length
+//!     44    8 xxh3-64 of bytes [0, 44) followed by the payload
+//!     52      payload
+//! ```
+//!
+//! A value is accepted only if every field matches what the reader expects
+//! and the checksum holds: a corrupted, truncated or foreign value is a miss.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::config::{CacheConfig, Dtype};
+use crate::hash::BlockHash;
+
+/// Bytes before the payload.
+pub const HEADER_LEN: usize = 52;
+const MAGIC: &[u8; 4] = b"MLAB";
+const VERSION: u16 = 1;
+
+/// What a remote value holds: the geometry of one block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockFormat {
+    /// Storage format.
+    pub dtype: Dtype,
+    /// Layers per block.
+    pub num_layers: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Bytes per token and layer.
+    pub bytes_per_token: u32,
+    /// Payload bytes (`num_layers x block_size x bytes_per_token`, or 0 for
+    /// bookkeeping-only replays).
+    pub payload_len: u64,
+}
+
+impl BlockFormat {
+    /// The format of `config`'s blocks, with `payload_len` bytes each.
+    pub fn new(config: &CacheConfig, payload_len: usize) -> Self {
+        Self {
+            dtype: config.dtype,
+            num_layers: config.num_layers as u32,
+            block_size: config.block_size as u32,
+            bytes_per_token: config.bytes_per_token_per_layer() as u32,
+            payload_len: payload_len as u64,
+        }
+    }
+
+    fn dtype_code(&self) -> u8 {
+        Dtype::ALL.iter().position(|&d| d == self.dtype).expect("listed") as u8
+    }
+
+    /// Bytes of a whole value.
+    pub fn value_len(&self) -> usize {
+        HEADER_LEN + self.payload_len as usize
+    }
+
+    /// The header fields that do not depend on the block, bytes `[0, 20)`.
+    fn geometry(&self) -> [u8; 20] {
+        let mut g = [0u8; 20];
+        g[..4].copy_from_slice(MAGIC);
+        g[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        g[6] = self.dtype_code();
+        g[8..12].copy_from_slice(&self.num_layers.to_le_bytes());
+        g[12..16].copy_from_slice(&self.block_size.to_le_bytes());
+        g[16..20].copy_from_slice(&self.bytes_per_token.to_le_bytes());
+        g
+    }
+
+    /// The key prefix `mla:{digest}:` for a deployment named `namespace`.
+    pub fn key_prefix(&self, namespace: &str) -> String {
+        let mut h = Xxh3::new();
+        h.update(namespace.as_bytes());
+        h.update(&[0]);
+        h.update(&self.geometry());
+        h.update(&self.payload_len.to_le_bytes());
+        format!("mla:{:016x}:", h.digest())
+    }
+
+    /// A value for block `hash`: header, then the payload that `fill` writes
+    /// (`payload_len` bytes). The checksum is computed after `fill`.
+    pub fn encode<E>(&self, hash: BlockHash, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Vec<u8>, E> {
+        let mut value = vec![0u8; self.value_len()];
+        value[..20].copy_from_slice(&self.geometry());
+        value[20..36].copy_from_slice(&hash.0.to_le_bytes());
+        value[36..44].copy_from_slice(&self.payload_len.to_le_bytes());
+        fill(&mut value[HEADER_LEN..])?;
+        let sum = checksum(&value);
+        value[44..52].copy_from_slice(&sum.to_le_bytes());
+        Ok(value)
+    }
+
+    /// Checks a value read for block `hash`; on success its payload is
+    /// `value[HEADER_LEN..]`.
+    pub fn check(&self, hash: BlockHash, value: &[u8]) -> Result<(), Rejected> {
+        if value.len() < HEADER_LEN {
+            return Err(Rejected::Truncated);
+        }
+        if value[..4] != MAGIC[..] || value[4..6] != VERSION.to_le_bytes() {
+            return Err(Rejected::NotABlock);
+        }
+        if value[..20] != self.geometry() {
+            return Err(Rejected::OtherFormat);
+        }
+        if value[20..36] != hash.0.to_le_bytes() {
+            return Err(Rejected::OtherBlock);
+        }
+        if value[36..44] != self.payload_len.to_le_bytes() || value.len() != self.value_len() {
+            return Err(Rejected::Truncated);
+        }
+        if value[44..52] != checksum(value).to_le_bytes() {
+            return Err(Rejected::Checksum);
+        }
+        Ok(())
+    }
+}
+
+/// Why a remote value was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    /// Shorter or longer than the header says, or than the format expects.
+    Truncated,
+    /// Wrong magic or version.
+    NotABlock,
+    /// Another format or geometry.
+    OtherFormat,
+    /// The header names another block.
+    OtherBlock,
+    /// The checksum does not match.
+    Checksum,
+}
+
+/// xxh3-64 of the header before the checksum field and of the payload.
+fn checksum(value: &[u8]) -> u64 {
+    let mut h = Xxh3::new();
+    h.update(&value[..44]);
+    h.update(&value[HEADER_LEN..]);
+    h.digest()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format() -> BlockFormat {
+        let config = CacheConfig::preset("deepseek-v2-lite", 8, Dtype::Mxfp6).unwrap();
+        BlockFormat::new(&config, 27 * 64 * 528)
+    }
+
+    #[test]
+    fn a_value_round_trips_and_any_damage_is_rejected() {
+        let f = format();
+        let h = BlockHash(0x1234_5678_9abc_def0_1122_3344_5566_7788);
+        let value = f
+            .encode::<()>(h, |p| {
+                for (i, b) in p.iter_mut().enumerate() {
+                    *b = i as u8;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(value.len(), HEADER_LEN + 27 * 64 * 528);
+        assert_eq!(f.check(h, &value), Ok(()));
+        assert_eq!(f.check(BlockHash(1), &value), Err(Rejected::OtherBlock));
+        assert_eq!(f.check(h, &value[..value.len() - 1]), Err(Rejected::Truncated));
+        assert_eq!(f.check(h, &value[..10]), Err(Rejected::Truncated));
+        for at in [0, 6, 9, 40, 47, HEADER_LEN, value.len() - 1] {
+            let mut bad = value.clone();
+            bad[at] ^= 0x10;
+            assert!(f.check(h, &bad).is_err(), "flip at {at} accepted");
+        }
+        let other = BlockFormat { dtype: Dtype::Fp8DsMla, ..f };
+        assert_eq!(other.check(h, &value), Err(Rejected::OtherFormat));
+        assert_ne!(f.key_prefix("a"), f.key_prefix("b"));
+        assert_ne!(f.key_prefix("a"), other.key_prefix("a"));
+    }
+}

@@ -1,0 +1,81 @@
+//! Shared by the tier tests: a small device tier with real latents.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use mla_cache::store::{HostStore, LatentStore};
+use mla_cache::tier::{HostTier, RemoteTier, TierOptions, TieredCache, WritePolicy};
+use mla_cache::{AdmitOptions, BlockId, BlockManager, CacheConfig, Dtype, RequestId, TokenId};
+
+pub const BLOCK: usize = 16;
+
+/// 3 layers, blocks of 16 tokens, a fixed hash seed (as nodes sharing a remote tier need).
+pub fn config(dtype: Dtype, num_blocks: usize) -> CacheConfig {
+    CacheConfig { num_layers: 3, block_size: BLOCK, dtype, hash_seed: Some(42), ..CacheConfig::new(num_blocks) }
+}
+
+/// A device tier of `num_blocks` blocks with the given lower tiers.
+pub fn cache(
+    dtype: Dtype,
+    num_blocks: usize,
+    policy: WritePolicy,
+    host_blocks: Option<usize>,
+    remote: Option<RemoteTier>,
+) -> (TieredCache, Arc<HostStore>) {
+    let config = config(dtype, num_blocks);
+    let store = Arc::new(HostStore::new(&config).unwrap());
+    let host = host_blocks.map(|n| HostTier::new(store.block_bytes(), n).unwrap());
+    let manager = BlockManager::new(config).unwrap();
+    let tiers = TierOptions { write_policy: policy, host, remote };
+    (TieredCache::new(manager, store.clone(), tiers).unwrap(), store)
+}
+
+/// `n` tokens of a prompt named `seed`.
+pub fn prompt(seed: u32, n: usize) -> Vec<TokenId> {
+    (0..n as u32).map(|i| seed * 100_000 + i).collect()
+}
+
+/// Deterministic latents for token `t` of prompt `seed`: `(c_kv, k_pe)`.
+fn latents(seed: u32, tokens: usize) -> (Vec<f32>, Vec<f32>) {
+    let v = |t: usize, j: usize, salt: u32| {
+        let x = (seed.wrapping_mul(2654435761) ^ (t as u32 * 7919 + j as u32 * 31 + salt)) % 2001;
+        (x as f32 - 1000.0) / 250.0
+    };
+    let c: Vec<f32> = (0..tokens * 512).map(|i| v(i / 512, i % 512, 1)).collect();
+    let k: Vec<f32> = (0..tokens * 64).map(|i| v(i / 64, i % 64, 2)).collect();
+    (c, k)
+}
+
+/// Writes prompt `seed`'s latents for `tokens` tokens of request `id`
+/// into every layer, as the engine's prefill would.
+pub fn write_prefill(cache: &TieredCache, store: &HostStore, id: RequestId, seed: u32, tokens: usize) {
+    let slots = cache.manager().slot_mapping(id, 0..tokens).unwrap();
+    let (c, k) = latents(seed, tokens);
+    for layer in 0..store.config().num_layers {
+        store.write(layer, &c[..], &k[..], &slots).unwrap();
+    }
+}
+
+/// Admits prompt `seed` (chunked), writes what was not served from a
+/// tier, commits it; returns the block table.
+pub fn run_prefill(cache: &TieredCache, store: &HostStore, id: RequestId, seed: u32, tokens: usize) -> Vec<BlockId> {
+    let p = prompt(seed, tokens);
+    let opts = AdmitOptions { chunked_prefill: true, ..AdmitOptions::default() };
+    let a = cache.admit(id, &p, &opts).unwrap();
+    write_prefill(cache, store, id, seed, tokens);
+    cache.commit(id, tokens).unwrap();
+    a.block_ids
+}
+
+/// The stored bytes of `blocks`.
+pub fn block_bytes(store: &HostStore, blocks: &[BlockId]) -> Vec<Vec<u8>> {
+    blocks
+        .iter()
+        .map(|&b| {
+            let mut out = vec![0u8; store.block_bytes()];
+            store.read_block(b, &mut out).unwrap();
+            out
+        })
+        .collect()
+}
