@@ -2,9 +2,11 @@
 # Runs every test of the project on a fresh machine (Rust, Python 3.11 with pip, gcc):
 # Rust unit, integration and doc tests (the CUDA code included: its kernels are
 # compiled with NVRTC from NVIDIA's wheels and checked bit for bit on a CPU
-# emulation), the loom models, the C/C++ ABI tests and the Python suite.
-# Installs what it needs into .venv. A GPU is not needed (scripts/gpu-check.sh
-# runs the kernels on one).
+# emulation), the remote tier against real Valkey/Redis servers (a single node
+# and a 3-node cluster on 127.0.0.1, started here), the loom models, the C/C++
+# ABI tests under valgrind and the Python suite. Installs what it needs into
+# .venv (and redis-server, valgrind from Debian's packages when missing).
+# A GPU is not needed (scripts/gpu-check.sh runs the kernels on one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,12 +17,19 @@ scripts/venv.sh
 MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib | head -n 1)"
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
-echo "== clippy"
-cargo clippy --release --features cuda,python --all-targets -- -D warnings
+features=cuda,remote-redis
 
-echo "== cargo test (unit, integration, CLI, codecs, stores, CUDA compile + emulation)"
-cargo test --release --features cuda --all-targets
-cargo test --release --features cuda --doc
+echo "== clippy"
+cargo clippy --release --features "$features,python" --all-targets -- -D warnings
+
+echo "== redis servers for the remote tier"
+eval "$(scripts/redis.sh start)"
+trap 'scripts/redis.sh stop' EXIT
+export MLA_CACHE_REQUIRE_REDIS=1
+
+echo "== cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile + emulation)"
+cargo test --release --features "$features" --all-targets
+cargo test --release --features "$features" --doc
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
@@ -32,4 +41,4 @@ echo "== python module (maturin) and its tests"
 
 echo "== C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
-scripts/c-tests.sh --release --features cuda --valgrind
+scripts/c-tests.sh --release --features "$features" --valgrind
