@@ -28,12 +28,12 @@
 //! Costs: O(1) per call (a ghost lookup is one hash-map probe). Memory per
 //! block of the cache: two list links (18 bytes), a fingerprint (8) and a
 //! class (1): 27 bytes; and two ghost rings of `2 x num_blocks` entries,
-//! each 8 bytes plus its hash-map slots (17 bytes a slot, at a load between
-//! 7/16 and 7/8: 20 to 39 bytes): 137 to 215 bytes per block in all, 195
-//! for a 16,383-block cache, against the 2.5 MiB a block of DeepSeek-V3 KV
-//! takes in fp8.
+//! each 8 bytes plus its share of one hash map (17 bytes a slot at a load
+//! between 7/16 and 7/8: 20 to 39 bytes): 137 to 215 bytes per block in all,
+//! 195 for a 16,383-block cache, against the 2.5 MiB a block of DeepSeek-V3
+//! KV takes in fp8.
 
-use super::ghost::{fingerprint, GhostList};
+use super::ghost::{fingerprint, GhostLists};
 use super::{EvictionPolicy, IdList};
 use crate::hash::BlockHash;
 use crate::BlockId;
@@ -42,6 +42,11 @@ use crate::BlockId;
 /// ARC's directory is twice the cache; a prompt cache's reuse comes back
 /// later (a user's next turn), so each list here remembers two cache-fulls.
 const GHOSTS_PER_BLOCK: usize = 2;
+
+/// Ghost list of blocks evicted while seen once.
+const ONCE: usize = 0;
+/// Ghost list of blocks evicted while reused.
+const REUSED: usize = 1;
 
 /// What a cached block has shown so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,8 +69,8 @@ pub(crate) struct AdaptiveReplacement {
     /// Cached blocks (evictable or in use) of each class.
     cached_once: usize,
     cached_reused: usize,
-    once_ghosts: GhostList,
-    reused_ghosts: GhostList,
+    /// List 0: evicted while seen once; list 1: evicted while reused.
+    ghosts: GhostLists,
     /// How many cached blocks may be seen-once before `once` is evicted first.
     target: usize,
     capacity: usize,
@@ -80,8 +85,7 @@ impl AdaptiveReplacement {
             fingerprint: vec![0; num_blocks],
             cached_once: 0,
             cached_reused: 0,
-            once_ghosts: GhostList::new(GHOSTS_PER_BLOCK * num_blocks),
-            reused_ghosts: GhostList::new(GHOSTS_PER_BLOCK * num_blocks),
+            ghosts: GhostLists::new(GHOSTS_PER_BLOCK * num_blocks),
             target: 0,
             capacity: num_blocks,
         }
@@ -112,17 +116,19 @@ impl EvictionPolicy for AdaptiveReplacement {
         debug_assert_eq!(self.class[block as usize], Class::Uncached);
         let fp = fingerprint(hash);
         self.fingerprint[block as usize] = fp;
-        let (b1, b2) = (self.once_ghosts.len(), self.reused_ghosts.len());
-        let class = if self.once_ghosts.remove(fp) {
-            // Evicted as seen-once, yet it came back: keep new blocks longer.
-            self.target = (self.target + (b2 / b1).max(1)).min(self.capacity);
-            Class::Reused
-        } else if self.reused_ghosts.remove(fp) {
-            // A reused block came back: protect reused blocks more.
-            self.target = self.target.saturating_sub((b1 / b2).max(1));
-            Class::Reused
-        } else {
-            Class::Once
+        let (b1, b2) = (self.ghosts.len(ONCE), self.ghosts.len(REUSED));
+        let class = match self.ghosts.take(fp) {
+            Some(ONCE) => {
+                // Evicted as seen-once, yet it came back: keep new blocks longer.
+                self.target = (self.target + (b2 / b1).max(1)).min(self.capacity);
+                Class::Reused
+            }
+            Some(_) => {
+                // A reused block came back: protect reused blocks more.
+                self.target = self.target.saturating_sub((b1 / b2).max(1));
+                Class::Reused
+            }
+            None => Class::Once,
         };
         self.set_class(block, class);
     }
@@ -152,11 +158,7 @@ impl EvictionPolicy for AdaptiveReplacement {
             self.reused.pop_front()
         }?;
         let fp = self.fingerprint[block as usize];
-        if from_once {
-            self.once_ghosts.push(fp);
-        } else {
-            self.reused_ghosts.push(fp);
-        }
+        self.ghosts.push(if from_once { ONCE } else { REUSED }, fp);
         self.set_class(block, Class::Uncached);
         Some(block)
     }
