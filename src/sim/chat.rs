@@ -61,12 +61,13 @@ impl Default for ChatConfig {
 
 impl ChatConfig {
     /// Multi-turn chat whose users think longer than the cache remembers:
-    /// 3,000 conversations starting every 200 ms on average, 3 to 12 turns
+    /// 3,000 conversations starting every second on average, 3 to 12 turns
     /// each, 1 to 10 minutes apart (a user reading an answer, then typing),
-    /// messages of 64 to 2,048 tokens, answers of 64
-    /// to 1,024, over 8 system prompts of 512 to 2,048 tokens. Every turn
-    /// resends the whole conversation, so each block of it is used once per
-    /// turn, and a cache of 16,384 blocks turns over in well under a minute.
+    /// messages of 64 to 2,048 tokens, answers of 16 to 256, over 8 system
+    /// prompts of 512 to 2,048 tokens. Every turn resends the whole
+    /// conversation, so each block of it is used once per turn; some 7
+    /// requests a second bring about 130 new blocks of 64, so a cache of
+    /// 16,384 blocks turns over in about two minutes.
     pub fn long_think() -> Self {
         Self {
             conversations: 3000,
@@ -74,8 +75,8 @@ impl ChatConfig {
             system_prompt_blocks: (1, 4),
             turns: (3, 12),
             user_tokens: (64, 2048),
-            output_tokens: (64, 1024),
-            mean_interarrival_ms: 200.0,
+            output_tokens: (16, 256),
+            mean_interarrival_ms: 1000.0,
             turn_gap_ms: (60_000, 600_000),
         }
     }
