@@ -138,12 +138,13 @@ fn two_threads(c: &mut Criterion) {
 
 /// Admit+free of 4,096-token prompts under eviction pressure, per policy:
 /// each prompt is one of 64 shared 2,048-token prefixes followed by a fresh
-/// 2,048-token tail, in a 1,024-block cache (16 prompts' worth), so every
-/// request hits some blocks, stores others and evicts.
+/// 2,048-token tail, in a 16,384-block cache: once the tails have filled
+/// it, every request hits some blocks, stores others and evicts, and the
+/// policy's tables are as large as a deployment's.
 fn per_policy(c: &mut Criterion) {
     let mut g = c.benchmark_group("manager_policy");
     for kind in EvictionPolicyKind::ALL {
-        let mut config = CacheConfig::new(1024);
+        let mut config = CacheConfig::new(16_384);
         config.hash_seed = Some(1);
         config.eviction = kind;
         let m = BlockManager::new(config).unwrap();
