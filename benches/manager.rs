@@ -1,6 +1,8 @@
 //! Block manager costs: admit+free of a 4,096-token prompt (cold and fully
 //! cached), `match_prefix` of 4,096 tokens, a one-token append, a fork; and
-//! admit+free of a cached prompt with two threads on one manager.
+//! admit+free of a cached prompt with two threads on one manager; and, per
+//! eviction policy, admit+free of prompts that share prefixes in a cache
+//! they overflow (hits, stores and evictions in every request).
 //!
 //! `cargo bench --bench manager`
 
@@ -10,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mla_cache::{AdmitOptions, BlockManager, CacheConfig, ExtraKeys};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig, EvictionPolicyKind, ExtraKeys};
 
 const PROMPT: usize = 4096;
 
@@ -134,5 +136,38 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single_thread, two_threads);
+/// Admit+free of 4,096-token prompts under eviction pressure, per policy:
+/// each prompt is one of 64 shared 2,048-token prefixes followed by a fresh
+/// 2,048-token tail, in a 16,384-block cache: once the tails have filled
+/// it, every request hits some blocks, stores others and evicts, and the
+/// policy's tables are as large as a deployment's.
+fn per_policy(c: &mut Criterion) {
+    let mut g = c.benchmark_group("manager_policy");
+    for kind in EvictionPolicyKind::ALL {
+        let mut config = CacheConfig::new(16_384);
+        config.hash_seed = Some(1);
+        config.eviction = kind;
+        let m = BlockManager::new(config).unwrap();
+        let mut i = 0u32;
+        let mut p: Vec<u32> = vec![0; PROMPT];
+        g.bench_function(format!("admit_free_4096_mixed/{kind}"), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                let prefix = i.wrapping_mul(2_654_435_761) % 64;
+                for (j, t) in p.iter_mut().enumerate() {
+                    *t = if j < PROMPT / 2 {
+                        prefix * PROMPT as u32 + j as u32
+                    } else {
+                        (1 << 30) + i.wrapping_mul(PROMPT as u32) + j as u32
+                    };
+                }
+                m.admit(1, black_box(&p), &AdmitOptions::default()).unwrap();
+                m.free(1).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, single_thread, two_threads, per_policy);
 criterion_main!(benches);

@@ -162,6 +162,10 @@ typedef enum MlaEvictionPolicyKind {
      * Least recently freed first (vLLM's order).
      */
     MLA_EVICTION_POLICY_KIND_LRU = 0,
+    /**
+     * Adaptive replacement: blocks seen once vs reused, with ghost lists.
+     */
+    MLA_EVICTION_POLICY_KIND_ARC = 1,
 } MlaEvictionPolicyKind;
 
 /**

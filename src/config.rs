@@ -94,16 +94,20 @@ pub enum EvictionPolicyKind {
     /// Least recently freed first (vLLM's order).
     #[default]
     Lru = 0,
+    /// Adaptive replacement (ARC): blocks seen once are evicted before reused
+    /// ones, with a split learned online from ghost lists of evicted hashes.
+    Arc = 1,
 }
 
 impl EvictionPolicyKind {
     /// Every policy.
-    pub const ALL: [EvictionPolicyKind; 1] = [EvictionPolicyKind::Lru];
+    pub const ALL: [EvictionPolicyKind; 2] = [EvictionPolicyKind::Lru, EvictionPolicyKind::Arc];
 
     /// The policy's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
         match self {
             EvictionPolicyKind::Lru => "lru",
+            EvictionPolicyKind::Arc => "arc",
         }
     }
 }
@@ -118,12 +122,17 @@ impl FromStr for EvictionPolicyKind {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "lru" => Ok(EvictionPolicyKind::Lru),
-            _ => Err(Error::InvalidConfig(format!(
-                "unknown eviction policy {s:?} (expected lru)"
-            ))),
-        }
+        let name = s.to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                Error::InvalidConfig(format!(
+                    "unknown eviction policy {s:?} (expected {})",
+                    names.join(", ")
+                ))
+            })
     }
 }
 

@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use crate::config::{CacheConfig, EvictionPolicyKind};
+use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, ExtraKeys, Hasher, KeyDigest};
 use crate::index::PrefixIndex;
-use crate::policy::{EvictionPolicy, IdList, Lru};
+use crate::policy::{self, EvictionPolicy, IdList};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
 use crate::{BlockId, RequestId, TokenId};
@@ -146,9 +146,7 @@ impl BlockManager {
     /// A manager for `config`, with the policy the config names.
     pub fn new(config: CacheConfig) -> Result<Self> {
         config.validate()?;
-        let policy: Box<dyn EvictionPolicy> = match config.eviction {
-            EvictionPolicyKind::Lru => Box::new(Lru::new(config.num_blocks)),
-        };
+        let policy = policy::build(config.eviction, config.num_blocks);
         Self::with_policy(config, policy)
     }
 
@@ -708,6 +706,7 @@ impl BlockManager {
             }
             if self.index.insert(hash, b, self.verify(&request.tokens, i)) {
                 st.blocks[b as usize].hash = Some(hash);
+                st.policy.on_store(b, hash);
                 st.stats.blocks_stored += 1;
                 if self.config.enable_events {
                     stored_from.get_or_insert(i);

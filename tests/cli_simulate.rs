@@ -314,3 +314,87 @@ fn sweep_writes_an_svg_with_every_format_and_the_markers() {
     assert!(reports.len() >= 10);
     assert!(reports.iter().all(|r| r["hit_tokens"] == 1536));
 }
+
+#[test]
+fn every_policy_is_selectable_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write(dir.path(), "t.jsonl", &shared_prefix_trace());
+    for kind in mla_cache::EvictionPolicyKind::ALL {
+        let r = json(&[
+            "simulate",
+            "--trace",
+            &trace,
+            "--eviction",
+            kind.name(),
+            "--json",
+        ]);
+        assert_eq!(r["config"]["eviction"], kind.name());
+        assert_eq!(r["hit_tokens"], 1536, "{kind}: nothing to evict, same hits");
+    }
+}
+
+#[test]
+fn the_sweep_compares_policies_with_the_offline_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    // A prefix used three times, a flood of one-offs between: ARC keeps the
+    // reused prefix where LRU lets the flood push it out.
+    let mut text = String::new();
+    let mut t = 0;
+    for round in 0..3u64 {
+        text += &line(t, 4096, 1, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        t += 10_000;
+        for k in 0..6u64 {
+            let ids: Vec<u64> = (0..8).map(|i| 1000 + round * 100 + k * 10 + i).collect();
+            text += &line(t, 4096, 1, &ids);
+            t += 10_000;
+        }
+    }
+    let trace = write(dir.path(), "t.jsonl", &text);
+    let svg = dir.path().join("sweep.svg");
+    let out = mla_cache(&[
+        "simulate",
+        "--trace",
+        &trace,
+        "--blocks",
+        "200",
+        "--sweep",
+        "--json",
+        "--out",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let point = doc["cache_only"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["num_blocks"] == 200)
+        .unwrap();
+    let hits = |policy: &str| {
+        point["cache_only"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["policy"] == policy)
+            .unwrap()["hit_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let bound = point["belady"]["hit_tokens"].as_u64().unwrap();
+    // Two later uses of the 4,096-token prefix, each capped at 4,095 tokens.
+    assert_eq!(bound, 2 * 4032);
+    assert_eq!(hits("lru"), 0);
+    assert_eq!(
+        hits("arc"),
+        4032,
+        "the second use finds it in a ghost list, the third hits"
+    );
+    let replays = doc["policies"].as_array().unwrap();
+    assert!(replays.iter().any(|r| r["config"]["eviction"] == "arc"));
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.contains("Belady bound") && svg.contains("fp8_ds_mla, arc"));
+}

@@ -1,30 +1,35 @@
-//! loom models of the manager's races. Run with
+//! loom models of the manager's races, each explored once per eviction
+//! policy. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release --test loom_manager`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::thread;
-use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Error, ExtraKeys};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Error, EvictionPolicyKind, ExtraKeys};
 
-fn manager(blocks: usize) -> Arc<BlockManager> {
+fn manager(blocks: usize, kind: EvictionPolicyKind) -> Arc<BlockManager> {
     let mut c = CacheConfig::new(blocks);
+    c.eviction = kind;
     c.block_size = 2;
     c.hash_seed = Some(1);
     Arc::new(BlockManager::new(c).unwrap())
 }
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(4);
-    b.check(f);
+/// Explores `f` with every eviction policy.
+fn model(f: impl Fn(EvictionPolicyKind) + Sync + Send + Copy + 'static) {
+    for kind in EvictionPolicyKind::ALL {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(4);
+        b.check(move || f(kind));
+    }
 }
 
 /// Thread A frees a cached block (ref 1 -> 0, into the LRU queue), thread B
 /// hits its hash and revives it, thread C's allocation needs to evict.
 #[test]
 fn free_revive_evict() {
-    model(|| {
-        let m = manager(3);
+    model(|kind| {
+        let m = manager(3, kind);
         m.admit(1, &[0, 1, 2], &AdmitOptions::default()).unwrap(); // 1 full cached block + 1 partial
         let (a, b, c) = (m.clone(), m.clone(), m.clone());
         let ta = thread::spawn(move || a.free(1).unwrap());
@@ -55,8 +60,8 @@ fn free_revive_evict() {
 /// Admissions and frees race with lock-free prefix lookups.
 #[test]
 fn concurrent_admit_free_and_match() {
-    model(|| {
-        let m = manager(4);
+    model(|kind| {
+        let m = manager(4, kind);
         m.admit(1, &[5, 6, 7], &AdmitOptions::default()).unwrap();
         let (a, b) = (m.clone(), m.clone());
         let ta = thread::spawn(move || {
@@ -80,8 +85,8 @@ fn concurrent_admit_free_and_match() {
 /// A fork and an append race over a shared partial tail: exactly one copy.
 #[test]
 fn fork_and_append_copy_on_write() {
-    model(|| {
-        let m = manager(4);
+    model(|kind| {
+        let m = manager(4, kind);
         m.admit(1, &[1, 2, 3], &AdmitOptions::default()).unwrap();
         let (a, b) = (m.clone(), m.clone());
         let ta = thread::spawn(move || a.fork(1, 2).unwrap());

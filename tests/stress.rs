@@ -1,16 +1,24 @@
-//! Eight threads hammer one manager with random operations; the invariants
-//! must hold at the end and every block must come back.
+//! Eight threads hammer one manager with random operations, once per
+//! eviction policy; the invariants must hold at the end and every block must
+//! come back.
 
 use std::sync::Arc;
 use std::thread;
 
-use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Error, ExtraKeys};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Error, EvictionPolicyKind, ExtraKeys};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 #[test]
 fn eight_threads_of_random_operations_keep_the_invariants() {
+    for kind in EvictionPolicyKind::ALL {
+        hammer(kind);
+    }
+}
+
+fn hammer(kind: EvictionPolicyKind) {
     let mut config = CacheConfig::new(256);
+    config.eviction = kind;
     config.block_size = 16;
     config.hash_seed = Some(9);
     config.enable_events = true;
@@ -80,7 +88,7 @@ fn eight_threads_of_random_operations_keep_the_invariants() {
     m.check_invariants().unwrap();
     let s = m.stats();
     assert_eq!((s.free_blocks, s.used_blocks, s.num_requests), (256, 0, 0));
-    assert!(s.prefix_hit_tokens > 0 && s.evictions > 0 && s.cow_copies > 0, "{s:?}");
+    assert!(s.prefix_hit_tokens > 0 && s.evictions > 0 && s.cow_copies > 0, "{kind}: {s:?}");
     m.reset_prefix_cache().unwrap();
     assert_eq!(m.stats().cached_blocks, 0);
 }

@@ -57,12 +57,15 @@ impl From<Dtype> for MlaDtype {
 pub enum MlaEvictionPolicyKind {
     /// Least recently freed first (vLLM's order).
     Lru = 0,
+    /// Adaptive replacement: blocks seen once vs reused, with ghost lists.
+    Arc = 1,
 }
 
 impl From<EvictionPolicyKind> for MlaEvictionPolicyKind {
     fn from(p: EvictionPolicyKind) -> Self {
         match p {
             EvictionPolicyKind::Lru => MlaEvictionPolicyKind::Lru,
+            EvictionPolicyKind::Arc => MlaEvictionPolicyKind::Arc,
         }
     }
 }

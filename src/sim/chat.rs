@@ -59,6 +59,50 @@ impl Default for ChatConfig {
     }
 }
 
+impl ChatConfig {
+    /// Multi-turn chat whose users think longer than the cache remembers:
+    /// 3,000 conversations starting every second on average, 3 to 12 turns
+    /// each, 1 to 10 minutes apart (a user reading an answer, then typing),
+    /// messages of 64 to 2,048 tokens, answers of 16 to 256, over 8 system
+    /// prompts of 512 to 2,048 tokens. Every turn resends the whole
+    /// conversation, so each block of it is used once per turn; some 7
+    /// requests a second bring about 130 new blocks of 64, so a cache of
+    /// 16,384 blocks turns over in about two minutes.
+    pub fn long_think() -> Self {
+        Self {
+            conversations: 3000,
+            system_prompts: 8,
+            system_prompt_blocks: (1, 4),
+            turns: (3, 12),
+            user_tokens: (64, 2048),
+            output_tokens: (16, 256),
+            mean_interarrival_ms: 1000.0,
+            turn_gap_ms: (60_000, 600_000),
+        }
+    }
+
+    /// Shared system prompts under a flood of one-off prompts: 2,000
+    /// single-turn requests a second apart on average, each one of 64 system
+    /// prompts of 2,048 to 8,192 tokens (5,000 blocks of 64 in all) followed
+    /// by a unique document of 4,096 to 32,768 tokens and an answer of 16 to
+    /// 256. The one-off documents (about 80 % of the prompt tokens) are never
+    /// seen again; a system prompt returns about once a minute, after some
+    /// 1.5 million tokens of other prompts, more than a cache of 16,384
+    /// blocks holds.
+    pub fn prompt_flood() -> Self {
+        Self {
+            conversations: 2000,
+            system_prompts: 64,
+            system_prompt_blocks: (4, 16),
+            turns: (1, 1),
+            user_tokens: (4096, 32768),
+            output_tokens: (16, 256),
+            mean_interarrival_ms: 1000.0,
+            turn_gap_ms: (0, 0),
+        }
+    }
+}
+
 /// A growing conversation: its length in tokens and its hash ids.
 struct History {
     len: usize,

@@ -22,15 +22,21 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod belady;
+mod cache_model;
 mod chat;
 mod engine;
+mod keys;
 mod report;
 mod rng;
 mod trace;
 pub mod units;
 
+pub use belady::belady;
+pub use cache_model::{cache_only, CacheModelReport};
 pub use chat::ChatConfig;
 pub use engine::{simulate, SimConfig, SimRemoteTier};
+pub use keys::BlockKeys;
 pub use report::{Distribution, ManagerCost, SimReport};
 pub use trace::{
     OnMalformed, Trace, TraceLineError, TraceRequest, GENERATED_TOKEN_BASE, HASH_BLOCK_TOKENS,

@@ -22,6 +22,11 @@ pub enum Workload {
     Mooncake,
     /// Generated multi-turn chat with shared system prompts (see `--seed`).
     Chat,
+    /// Generated multi-turn chat whose users think 1 to 10 minutes between
+    /// turns, longer than the cache remembers.
+    ChatLongThink,
+    /// Generated flood of one-off documents behind 64 shared system prompts.
+    PromptFlood,
 }
 
 /// Options of `mla-cache simulate`.
@@ -36,9 +41,10 @@ pub struct SimulateArgs {
     /// Fail on the first malformed trace line instead of skipping it.
     #[arg(long)]
     pub strict: bool,
-    /// Conversations of the chat workload.
-    #[arg(long, default_value_t = ChatConfig::default().conversations)]
-    pub conversations: usize,
+    /// Conversations of a generated workload (default: the workload's own,
+    /// 1,000 for chat).
+    #[arg(long)]
+    pub conversations: Option<usize>,
     /// Seed of the chat workload and of the block hashes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -123,15 +129,20 @@ impl SimulateArgs {
                     .map_err(|e| e.to_string())?;
                 ("mooncake synthetic trace".to_string(), trace)
             }
-            (None, Workload::Chat) => {
+            (None, generated) => {
+                let (label, preset) = match generated {
+                    Workload::ChatLongThink => ("chat-long-think", ChatConfig::long_think()),
+                    Workload::PromptFlood => ("prompt-flood", ChatConfig::prompt_flood()),
+                    _ => ("chat", ChatConfig::default()),
+                };
                 let config = ChatConfig {
-                    conversations: self.conversations,
-                    ..ChatConfig::default()
+                    conversations: self.conversations.unwrap_or(preset.conversations),
+                    ..preset
                 };
                 (
                     format!(
-                        "chat, {} conversations, seed {}",
-                        self.conversations, self.seed
+                        "{label}, {} conversations, seed {}",
+                        config.conversations, self.seed
                     ),
                     config.generate(self.seed),
                 )

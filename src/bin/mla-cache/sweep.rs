@@ -1,4 +1,5 @@
-//! `mla-cache simulate --sweep`: hit rate against cache memory, per format.
+//! `mla-cache simulate --sweep`: hit rate against cache memory, per format
+//! and per eviction policy, beside the offline optimum.
 //!
 //! The manager never looks at the bytes, so the hit rate depends only on
 //! how many blocks the cache holds. The sweep therefore simulates each cache
@@ -6,14 +7,21 @@
 //! decides how many tokens a GiB holds. Markers show the memory an MHA and a
 //! GQA-8 cache of the same model would need for the tokens of the configured
 //! cache.
+//!
+//! Every policy is replayed through the manager (the event-driven
+//! simulation) and through the cache-only model, whose offline optimum
+//! (Belady, see `mla_cache::sim::belady`) bounds what any policy of that
+//! model can hit.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mla_cache::sim::units::{format_bytes, gib, thousands};
-use mla_cache::sim::{simulate, SimReport, Trace};
-use mla_cache::Dtype;
+use mla_cache::sim::{
+    belady, cache_only, simulate, BlockKeys, CacheModelReport, SimConfig, SimReport, Trace,
+};
+use mla_cache::{Dtype, EvictionPolicyKind};
 
 use crate::plot::{Chart, Marker, Series};
 use crate::simulate::{progress_bar, SimulateArgs};
@@ -30,6 +38,24 @@ fn color(dtype: Dtype) -> &'static str {
         Dtype::Fp8DsMla => "#d62728",
         Dtype::Mxfp6 => "#2ca02c",
     }
+}
+
+/// Plot colour of each policy's curve and of the bound (configured format).
+fn policy_color(policy: Option<EvictionPolicyKind>) -> &'static str {
+    match policy {
+        Some(EvictionPolicyKind::Lru) => "#8c564b",
+        Some(EvictionPolicyKind::Arc) => "#9467bd",
+        None => "#000000",
+    }
+}
+
+/// One cache size: the manager's replay per policy, the cache-only model
+/// per policy, and the bound.
+#[derive(serde::Serialize)]
+struct SizePoint {
+    num_blocks: usize,
+    cache_only: Vec<CacheModelReport>,
+    belady: CacheModelReport,
 }
 
 /// Runs the sweep, prints a table and writes the plot.
@@ -52,7 +78,28 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     blocks.sort_unstable();
     blocks.dedup();
 
-    let reports = run_all(args, name, trace, &blocks)?;
+    let runs: Vec<(usize, EvictionPolicyKind)> = blocks
+        .iter()
+        .flat_map(|&n| EvictionPolicyKind::ALL.map(|k| (n, k)))
+        .collect();
+    let all = run_all(args, name, trace, &runs)?;
+    let keys = BlockKeys::new(&trace.requests, bs);
+    let points: Vec<SizePoint> = blocks
+        .iter()
+        .map(|&n| SizePoint {
+            num_blocks: n,
+            cache_only: EvictionPolicyKind::ALL
+                .map(|k| cache_only(&keys, n, k))
+                .to_vec(),
+            belady: belady(&keys, n),
+        })
+        .collect();
+    let replay = |n: usize, k: EvictionPolicyKind| {
+        all.iter()
+            .find(|r| r.config.num_blocks == n && r.config.eviction == k)
+            .expect("every size ran with every policy")
+    };
+    let reports: Vec<&SimReport> = blocks.iter().map(|&n| replay(n, args.eviction)).collect();
 
     let reference = args.cache_config(args.dtype, reference_blocks)?;
     let tokens = reference.num_tokens() as u64;
@@ -67,10 +114,21 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         "sweep: {name}, {}, eviction {}, {} ms per output token",
         model.name, args.eviction, args.tpot_ms
     );
+    let _ = writeln!(
+        text,
+        "hit rates: replayed through the manager, and in the cache-only model beside its offline optimum (Belady)"
+    );
+    let _ = write!(text, "{:>9} {:>11}", "blocks", "tokens");
+    for k in EvictionPolicyKind::ALL {
+        let _ = write!(text, " {:>9}", k.name());
+    }
+    for k in EvictionPolicyKind::ALL {
+        let _ = write!(text, " {:>9}", format!("{}*", k.name()));
+    }
     let _ = write!(
         text,
-        "{:>9} {:>11} {:>9} {:>11} {:>10}",
-        "blocks", "tokens", "hit rate", "evictions", "p99 queue"
+        " {:>9} {:>11} {:>10}",
+        "belady*", "evictions", "p99 queue"
     );
     for d in Dtype::ALL {
         let _ = write!(text, " {:>12}", d.name());
@@ -84,21 +142,50 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
             points: Vec::new(),
         })
         .collect();
-    for r in &reports {
-        let marker = if r.config.num_blocks == reference_blocks {
-            "*"
-        } else {
-            " "
-        };
+    let mut policy_series: Vec<Series> = EvictionPolicyKind::ALL
+        .iter()
+        .filter(|&&k| k != args.eviction)
+        .map(|&k| Series {
+            name: format!("{}, {}", args.dtype, k),
+            color: policy_color(Some(k)),
+            points: Vec::new(),
+        })
+        .collect();
+    let mut bound = Series {
+        name: format!("{}, Belady bound (cache-only model)", args.dtype),
+        color: policy_color(None),
+        points: Vec::new(),
+    };
+    for (r, point) in reports.iter().zip(&points) {
+        let n = r.config.num_blocks;
+        let marker = if n == reference_blocks { ">" } else { " " };
         let _ = write!(
             text,
-            "{marker}{:>8} {:>11} {:>8.1}% {:>11} {:>9.1}s",
-            thousands(r.config.num_blocks as u64),
+            "{marker}{:>8} {:>11}",
+            thousands(n as u64),
             thousands(r.cache_tokens as u64),
-            100.0 * r.token_hit_rate,
+        );
+        for k in EvictionPolicyKind::ALL {
+            let _ = write!(text, " {:>8.1}%", 100.0 * replay(n, k).token_hit_rate);
+        }
+        for m in point.cache_only.iter().chain([&point.belady]) {
+            let _ = write!(text, " {:>8.1}%", 100.0 * m.token_hit_rate);
+        }
+        let _ = write!(
+            text,
+            " {:>11} {:>9.1}s",
             thousands(r.evictions),
             r.queue_delay_ms.p99 / 1e3
         );
+        let gib_here = gib(args.cache_config(args.dtype, n)?.total_bytes() as u64);
+        for s in &mut policy_series {
+            let kind = EvictionPolicyKind::ALL
+                .into_iter()
+                .find(|k| s.name.ends_with(k.name()))
+                .expect("series are named after policies");
+            s.points.push((gib_here, replay(n, kind).token_hit_rate));
+        }
+        bound.points.push((gib_here, point.belady.token_hit_rate));
         for (s, &d) in series.iter_mut().zip(Dtype::ALL.iter()) {
             let bytes = args.cache_config(d, r.config.num_blocks)?.total_bytes() as u64;
             let _ = write!(text, " {:>12}", format_bytes(bytes));
@@ -121,7 +208,12 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         });
     let _ = writeln!(
         text,
-        "* this cache: {} tokens, {} in {}. The same tokens take {} as GQA-8 bf16 and {} as MHA bf16.",
+        "plain: replayed through the manager; *: the cache-only model (one request at a time, no decode); evictions and queueing: {}",
+        args.eviction
+    );
+    let _ = writeln!(
+        text,
+        "> this cache: {} tokens, {} in {}. The same tokens take {} as GQA-8 bf16 and {} as MHA bf16.",
         thousands(tokens),
         format_bytes(reference.total_bytes() as u64),
         args.dtype,
@@ -135,6 +227,10 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
             "The hit rate depends only on the tokens the cache holds; the storage format sets how many fit in a GiB."
                 .to_string(),
             format!(
+                "Per format with eviction {}; for {}, every other policy and the offline bound of the cache-only model.",
+                args.eviction, args.dtype
+            ),
+            format!(
                 "Dashed lines: memory that the {} tokens of this cache take as MLA {}, GQA-8 bf16 and MHA bf16 (one copy, no TP).",
                 thousands(tokens),
                 args.dtype
@@ -142,7 +238,7 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
         ],
         x_label: "cache memory, all layers (log scale)".to_string(),
         y_label: "prompt tokens served from cache".to_string(),
-        series,
+        series: series.into_iter().chain(policy_series).chain([bound]).collect(),
         markers: vec![
             Marker { label: format!("this cache: {}", format_bytes(reference.total_bytes() as u64)), gib: gib(reference.total_bytes() as u64), color: color(args.dtype) },
             Marker { label: format!("GQA-8 bf16: {}", format_bytes(gqa)), gib: gib(gqa), color: "#555555" },
@@ -158,6 +254,8 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
             "gqa8_bf16_bytes": gqa,
             "mha_bf16_bytes": mha,
             "reports": reports,
+            "policies": all,
+            "cache_only": points,
         });
         println!(
             "{}",
@@ -170,35 +268,33 @@ pub fn run(args: &SimulateArgs, name: &str, trace: &Trace) -> Result<(), String>
     Ok(())
 }
 
-/// Simulates every cache size, on as many threads as the machine offers.
+/// Simulates every (cache size, policy), on as many threads as the machine offers.
 fn run_all(
     args: &SimulateArgs,
     name: &str,
     trace: &Trace,
-    blocks: &[usize],
+    runs: &[(usize, EvictionPolicyKind)],
 ) -> Result<Vec<SimReport>, String> {
-    let bar = progress_bar((blocks.len() * trace.requests.len()) as u64, "sweeping");
+    let bar = progress_bar((runs.len() * trace.requests.len()) as u64, "sweeping");
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<SimReport, String>>>> =
-        Mutex::new(vec![None; blocks.len()]);
+    let results: Mutex<Vec<Option<Result<SimReport, String>>>> = Mutex::new(vec![None; runs.len()]);
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(blocks.len());
+        .min(runs.len());
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&n) = blocks.get(i) else { break };
+                let Some(&(n, kind)) = runs.get(i) else { break };
                 let mut last = 0;
-                let report = simulate(
-                    name,
-                    &trace.requests,
-                    &args.sim_config(args.dtype, n),
-                    |done, _| {
-                        bar.inc((done - last) as u64);
-                        last = done;
-                    },
-                )
+                let config = SimConfig {
+                    eviction: kind,
+                    ..args.sim_config(args.dtype, n)
+                };
+                let report = simulate(name, &trace.requests, &config, |done, _| {
+                    bar.inc((done - last) as u64);
+                    last = done;
+                })
                 .map_err(|e| e.to_string());
                 results.lock().expect("no worker panics")[i] = Some(report);
             });

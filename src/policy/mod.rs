@@ -1,0 +1,180 @@
+//! Eviction policies: which cached free block is reused first, and which
+//! newly computed blocks are worth keeping at all.
+//!
+//! The manager keeps never-hashed free blocks in a list of its own and reuses
+//! them before any cached block. Cached blocks whose reference count drops to
+//! zero are handed to the policy; allocation asks the policy for a victim
+//! when no unhashed block is left. A prefix hit on a cached free block takes
+//! it back out (`remove`).
+//!
+//! | policy | module | rule |
+//! |---|---|---|
+//! | `lru` | [`lru`] | least recently freed first (vLLM) |
+//! | `arc` | [`arc`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
+//!
+//! The lifecycle of a block, as the policy sees it:
+//!
+//! ```text
+//!   on_store(b, h) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
+//!                        ▲   on_hit(b)            │
+//!                        └──────── remove(b) ◀────┘  (a hit revives it)
+//! ```
+
+mod arc;
+mod ghost;
+mod id_list;
+mod lru;
+
+use std::fmt;
+
+pub(crate) use arc::AdaptiveReplacement;
+pub(crate) use id_list::IdList;
+pub(crate) use lru::Lru;
+
+use crate::config::EvictionPolicyKind;
+use crate::hash::BlockHash;
+use crate::BlockId;
+
+/// Orders the evictable set: cached blocks that no request holds.
+///
+/// Contract (the manager's calls, for every policy):
+/// - [`on_store`](Self::on_store)`(b, h)`: block `b` entered the prefix index
+///   under `h`; its contents are new. `b` is in use, never evictable, then.
+/// - [`insert`](Self::insert)`(b)`: the last holder of a cached block released
+///   it; it is evictable from now on. Blocks of a request are released tail
+///   first.
+/// - [`remove`](Self::remove)`(b)`: an evictable block was revived by a hit.
+/// - [`evict`](Self::evict): choose an evictable block and forget it; the
+///   manager drops its hash from the index. Returns `None` only when empty.
+/// - [`on_hit`](Self::on_hit)`(b)`: an admission reused `b` (after `remove`
+///   when it was free).
+///
+/// A block is evictable between `insert` and `remove`/`evict`, and only
+/// then. Every method is called with the manager's lock held, so
+/// implementations need no synchronization of their own; each must cost
+/// O(1) or O(log n), and be deterministic: the same calls give the same
+/// victims.
+pub trait EvictionPolicy: Send + fmt::Debug {
+    /// The policy's name (`lru`, ...).
+    fn name(&self) -> &'static str;
+    /// `block` entered the prefix index under `hash` (it is in use).
+    fn on_store(&mut self, _block: BlockId, _hash: BlockHash) {}
+    /// `block` became evictable (its last holder released it).
+    fn insert(&mut self, block: BlockId);
+    /// `block` left the evictable set without being evicted (a hit revived it).
+    fn remove(&mut self, block: BlockId);
+    /// Chooses a victim and removes it from the evictable set.
+    fn evict(&mut self) -> Option<BlockId>;
+    /// A request hit `block` (free or not). Frequency-aware policies count it.
+    fn on_hit(&mut self, _block: BlockId) {}
+    /// Number of evictable blocks.
+    fn len(&self) -> usize;
+    /// True when nothing can be evicted.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The policy `kind` names, for a cache of `num_blocks` blocks.
+pub(crate) fn build(kind: EvictionPolicyKind, num_blocks: usize) -> Box<dyn EvictionPolicy> {
+    match kind {
+        EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)),
+        EvictionPolicyKind::Arc => Box::new(AdaptiveReplacement::new(num_blocks)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Store a new block (from the never-stored pool or a victim) under this hash.
+        Store(u8),
+        /// Release a held block (by index into the held ones).
+        Release(usize),
+        /// Hit a block: revive it when evictable (by index into all cached ones).
+        Hit(usize),
+        Evict,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..24u8).prop_map(Op::Store),
+            3 => any::<usize>().prop_map(Op::Release),
+            2 => any::<usize>().prop_map(Op::Hit),
+            2 => Just(Op::Evict),
+        ]
+    }
+
+    const BLOCKS: usize = 10;
+
+    proptest! {
+        /// Any sequence of calls that keeps the contract: every policy evicts
+        /// only evictable blocks, each once, and counts them right.
+        #[test]
+        fn every_policy_keeps_the_evictable_set(ops in prop::collection::vec(op(), 1..200)) {
+            for kind in EvictionPolicyKind::ALL {
+                let mut p = build(kind, BLOCKS);
+                prop_assert_eq!(p.name(), kind.name());
+                let mut never: Vec<BlockId> = (0..BLOCKS as BlockId).collect();
+                let mut held: Vec<BlockId> = Vec::new();
+                let mut evictable: BTreeSet<BlockId> = BTreeSet::new();
+                for op in &ops {
+                    match *op {
+                        Op::Store(h) => {
+                            let b = match never.pop() {
+                                Some(b) => b,
+                                None => match p.evict() {
+                                    Some(b) => {
+                                        prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
+                                        b
+                                    }
+                                    None => continue,
+                                },
+                            };
+                            p.on_store(b, BlockHash(u128::from(h) * 977));
+                            held.push(b);
+                        }
+                        Op::Release(i) if !held.is_empty() => {
+                            let b = held.swap_remove(i % held.len());
+                            // A block may be held twice (shared): release once per hold.
+                            if !held.contains(&b) {
+                                p.insert(b);
+                                evictable.insert(b);
+                            }
+                        }
+                        Op::Hit(i) => {
+                            let cached: Vec<BlockId> = evictable.iter().chain(&held).copied().collect();
+                            if cached.is_empty() {
+                                continue;
+                            }
+                            let b = cached[i % cached.len()];
+                            if evictable.remove(&b) {
+                                p.remove(b);
+                            }
+                            p.on_hit(b);
+                            held.push(b);
+                        }
+                        Op::Evict => {
+                            let got = p.evict();
+                            match got {
+                                Some(b) => {
+                                    prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
+                                    never.push(b);
+                                }
+                                None => prop_assert!(evictable.is_empty()),
+                            }
+                        }
+                        Op::Release(_) => {}
+                    }
+                    prop_assert_eq!(p.len(), evictable.len(), "{} after {:?}", kind, op);
+                }
+            }
+        }
+    }
+}
