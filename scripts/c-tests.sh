@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 profile=debug
 cargo_flags=()
 defines=()
+static_deps=()
 valgrind=0
 while [[ $# -gt 0 ]]; do
     arg="$1"
@@ -26,6 +27,8 @@ while [[ $# -gt 0 ]]; do
             cargo_flags+=(--features "$1")
             # The C test expects a CUDA store to be creatable (or to fail for want of a GPU).
             [[ ",$1," == *,cuda,* ]] && defines+=(-DMLA_TEST_CUDA_FEATURE)
+            # The remote tier's TLS comes from the system's OpenSSL.
+            [[ ",$1," == *,remote-redis,* ]] && static_deps+=(-lssl -lcrypto)
             shift ;;
         --valgrind) valgrind=1 ;;
         -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
@@ -41,7 +44,7 @@ mkdir -p "$out"
 
 warn=(-Wall -Wextra -Werror -g -O1 "${defines[@]}")
 shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
-static=(-Iinclude "$lib/libmla_cache.a" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
+static=(-Iinclude "$lib/libmla_cache.a" "${static_deps[@]}" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_abi.c "${shared[@]}" -o "$out/test_abi"
 g++ -std=c++17 -pthread "${warn[@]}" tests/c/test_threads.cpp "${shared[@]}" -o "$out/test_threads"

@@ -77,6 +77,10 @@ fn build(compiler: &str, flags: &[&str], source: &str, name: &str, shared: bool)
             "-ldl",
             "-lc",
         ]);
+        if cfg!(feature = "remote-redis") {
+            // The remote tier's TLS comes from the system's OpenSSL.
+            cmd.args(["-lssl", "-lcrypto"]);
+        }
     }
     cmd.arg("-lm");
     run(&mut cmd, &format!("{compiler} {source}"));
