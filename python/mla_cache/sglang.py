@@ -375,6 +375,7 @@ class RadixCache:
     def _commit(self, rid: str, tracked: _Tracked, num_tokens: int) -> None:
         """Commits up to ``num_tokens`` of a request's allocated tokens."""
         upto = min(num_tokens, tracked.num_tokens)
-        if upto > tracked.committed:
+        # Only full pages become shareable: a commit inside a page changes nothing.
+        if upto // self.page_size > tracked.committed // self.page_size:
             self._manager.commit(rid, upto)
             tracked.committed = upto

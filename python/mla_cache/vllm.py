@@ -510,7 +510,8 @@ class KVCacheManager:
         if tracked is None:
             return
         upto = min(num_computed_tokens, tracked.num_tokens)
-        if upto > tracked.committed:
+        # Only full blocks become shareable: a commit inside a block changes nothing.
+        if upto // self.block_size > tracked.committed // self.block_size:
             self._manager.commit(request_id, upto)
             tracked.committed = upto
 
