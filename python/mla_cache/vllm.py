@@ -266,8 +266,9 @@ class KVCacheManager:
         self, request: RequestLike, max_cache_hit_length: Optional[int] = None
     ) -> Tuple[KVCacheBlocks, int, int]:
         """The cached full blocks of the longest cached prefix of the request,
-        at most ``max_cache_hit_length`` tokens (default ``num_tokens - 1``,
-        so the last token is recomputed for its logits): ``(blocks,
+        at most ``max_cache_hit_length`` tokens and never more than
+        ``num_tokens - 1`` (the last token is recomputed for its logits, and
+        admission passes the manager one token past the hit): ``(blocks,
         num_computed_tokens, 0)``. Takes no references: pass the blocks to
         ``allocate_slots`` before anything else allocates. The third value is
         vLLM's shared-prefix boundary of sparse groups, always 0 here."""
@@ -466,7 +467,7 @@ class KVCacheManager:
             )
         except OutOfBlocks:
             return None
-        table = admission.block_ids.tolist()
+        table: List[int] = admission.block_ids.tolist()
         n = hit // bs
         if admission.num_cached_tokens != hit or table[:n] != [b.block_id for b in expected]:
             self._manager.free(rid)
