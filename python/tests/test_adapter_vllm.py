@@ -1,0 +1,407 @@
+"""The vLLM adapter driven the way vLLM's scheduler drives its KVCacheManager,
+checked against the behaviour vLLM's own prefix-caching tests describe."""
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import pytest
+
+import mla_cache
+from mla_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from mla_cache.vllm import KVCacheBlocks, KVCacheManager
+
+from conftest import small_config
+
+BS = 4
+
+
+@dataclass
+class Lora:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass
+class Position:
+    offset: int
+    length: int
+
+
+@dataclass
+class Feature:
+    identifier: str
+    mm_position: Position
+
+
+@dataclass
+class Request:
+    """Stand-in for vLLM's Request with the attributes its manager reads."""
+
+    request_id: str
+    all_token_ids: List[int]
+    num_computed_tokens: int = 0
+    lora_request: Optional[Lora] = None
+    cache_salt: Optional[str] = None
+    mm_features: List[Feature] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+def make(num_blocks=16, **kw):
+    return KVCacheManager(small_config(num_blocks, BS), **kw)
+
+
+def schedule_prefill(m, req, budget=None):
+    """One waiting request through get_computed_blocks + allocate_slots, as the
+    scheduler does; returns (new blocks, hit tokens) and advances the request."""
+    blocks, hit, boundary = m.get_computed_blocks(req)
+    assert boundary == 0
+    n = req.num_tokens - hit if budget is None else min(budget, req.num_tokens - hit)
+    new = m.allocate_slots(req, n, hit, blocks)
+    if new is not None:
+        req.num_computed_tokens = hit + n
+    return new, hit
+
+
+def decode(m, req, token):
+    """One decode step: the sampled token joins the request, then its slot."""
+    req.all_token_ids.append(token)
+    new = m.allocate_slots(req, 1)
+    if new is not None:
+        req.num_computed_tokens += 1
+    return new
+
+
+def test_prefill_hits_full_blocks_of_an_earlier_request():
+    m = make()
+    a = Request("a", list(range(10)))  # 2 full blocks + 2 tokens
+    new, hit = schedule_prefill(m, a)
+    assert hit == 0 and new.get_block_ids() == ([0, 1, 2],)
+    assert m.get_block_ids("a") == ([0, 1, 2],)
+    # vLLM test_prefill: a request with the same prefix hits the full blocks.
+    b = Request("b", list(range(8)) + [99, 98, 97])
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8 and blocks.get_block_ids() == ([0, 1],)
+    new = m.allocate_slots(b, b.num_tokens - hit, hit, blocks)
+    assert new.get_block_ids() == ([3],)
+    assert (blocks + new).get_block_ids() == ([0, 1, 3],)
+    assert m.usage == pytest.approx(4 / 16)
+    m.manager._check_invariants()
+
+
+def test_hit_is_capped_so_the_last_token_is_recomputed():
+    m = make()
+    schedule_prefill(m, Request("a", list(range(8))))
+    blocks, hit, _ = m.get_computed_blocks(Request("b", list(range(8))))
+    assert hit == 4  # not 8: the last token is recomputed for its logits
+    blocks, hit, _ = m.get_computed_blocks(Request("c", list(range(9))))
+    assert hit == 8
+    assert m.get_computed_blocks(Request("d", list(range(9))), max_cache_hit_length=5)[1] == 4
+
+
+def test_get_computed_blocks_takes_no_references():
+    m = make(num_blocks=4)
+    a = Request("a", list(range(8)))
+    schedule_prefill(m, a)
+    m.free(a)
+    assert m.manager.num_free_blocks == 4
+    blocks, hit, _ = m.get_computed_blocks(Request("b", list(range(9))))
+    assert hit == 8 and m.manager.num_free_blocks == 4
+
+
+def test_chunked_prefill_allocates_per_chunk_and_shares_only_scheduled_blocks():
+    m = make()
+    req = Request("a", list(range(14)))
+    new, hit = schedule_prefill(m, req, budget=5)
+    assert new.get_block_ids() == ([0, 1],)
+    # Only the first full block was scheduled: others hit it, not the second.
+    assert m.get_computed_blocks(Request("x", list(range(14))))[1] == 4
+    new = m.allocate_slots(req, 5)
+    req.num_computed_tokens += 5
+    assert new.get_block_ids() == ([2],)
+    assert m.get_computed_blocks(Request("x", list(range(14))))[1] == 8
+    new = m.allocate_slots(req, 4)
+    req.num_computed_tokens += 4
+    assert new.get_block_ids() == ([3],)
+    assert m.get_block_ids("a") == ([0, 1, 2, 3],)
+    assert m.get_computed_blocks(Request("x", list(range(15))))[1] == 12
+    m.manager._check_invariants()
+
+
+def test_decode_fills_the_tail_then_takes_a_block_and_caches_it():
+    m = make(enable_kv_cache_events=True)
+    req = Request("a", list(range(6)))
+    schedule_prefill(m, req)
+    assert decode(m, req, 100).get_block_ids() == ([],)
+    assert decode(m, req, 101).get_block_ids() == ([],)
+    assert decode(m, req, 102).get_block_ids() == ([2],)
+    # The block filled by decoding is cached: a follow-up turn hits it.
+    follow = Request("b", req.all_token_ids[:8] + [7, 7])
+    assert m.get_computed_blocks(follow)[1] == 8
+    stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+    assert [e.token_ids for e in stored] == [[0, 1, 2, 3], [4, 5, 100, 101]]
+    assert stored[1].parent_block_hash == stored[0].block_hashes[0]
+    assert stored[0].medium == "GPU" and stored[0].lora_name is None
+
+
+def test_allocation_fails_without_change_then_preemption_frees_and_readmits():
+    m = make(num_blocks=6)
+    a = Request("a", list(range(12)))
+    b = Request("b", list(range(100, 112)))
+    schedule_prefill(m, a)
+    too_big = Request("c", list(range(200, 216)))
+    assert schedule_prefill(m, too_big)[0] is None  # 4 blocks needed, 3 free
+    assert m.manager.num_free_blocks == 3 and m.get_block_ids("c") == ([],)
+    schedule_prefill(m, b)  # fits exactly
+    assert m.manager.num_free_blocks == 0
+    # Decoding a needs a block: the scheduler preempts b and retries.
+    a.all_token_ids.append(500)
+    assert m.allocate_slots(a, 1) is None
+    m.free(b)
+    b.num_computed_tokens = 0
+    b.num_preemptions += 1
+    assert m.allocate_slots(a, 1).get_block_ids() == ([m.get_block_ids("a")[0][-1]],)
+    a.num_computed_tokens += 1
+    m.free(a)
+    # Re-admitted, b finds its blocks that survived (tail first eviction).
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8
+    assert m.allocate_slots(b, b.num_tokens - hit, hit, blocks) is not None
+    m.manager._check_invariants()
+
+
+def test_free_is_tail_first_so_roots_survive_eviction():
+    m = make(num_blocks=4)
+    a = Request("a", list(range(16)))
+    schedule_prefill(m, a)
+    m.free(a)
+    b = Request("b", list(range(200, 205)))  # takes 2 blocks: the tail of a goes first
+    schedule_prefill(m, b)
+    assert m.get_computed_blocks(Request("c", list(range(17))))[1] == 8
+
+
+def test_lora_and_cache_salt_isolate_prefixes():
+    m = make()
+    p = list(range(9))
+    schedule_prefill(m, Request("base", p))
+    schedule_prefill(m, Request("l1", p, lora_request=Lora("sql", 1)))
+    assert m.get_computed_blocks(Request("l1b", p, lora_request=Lora("sql", 1)))[1] == 8
+    assert m.get_computed_blocks(Request("l2", p, lora_request=Lora("chat", 2)))[1] == 0
+    # The same name pointing at other weights does not share.
+    assert m.get_computed_blocks(Request("l3", p, lora_request=Lora("sql", 1, "/w2")))[1] == 0
+    assert m.get_computed_blocks(Request("s", p, cache_salt="tenant"))[1] == 0
+    schedule_prefill(m, Request("s1", p, cache_salt="tenant"))
+    assert m.get_computed_blocks(Request("s2", p, cache_salt="tenant"))[1] == 8
+    assert m.get_computed_blocks(Request("s3", p, cache_salt="other"))[1] == 0
+
+
+def test_multimodal_inputs_enter_the_hash_of_the_blocks_they_cover():
+    m = make()
+    p = list(range(13))
+    schedule_prefill(m, Request("a", p, mm_features=[Feature("img0", Position(5, 2))]))
+    same = Request("b", p, mm_features=[Feature("img0", Position(5, 2))])
+    assert m.get_computed_blocks(same)[1] == 12
+    other = Request("c", p, mm_features=[Feature("img1", Position(5, 2))])
+    assert m.get_computed_blocks(other)[1] == 4  # the block before the image still hits
+
+
+def test_no_duplicate_blocks_are_cached_or_announced():
+    m = make(enable_kv_cache_events=True)
+    p = list(range(9))
+    # Both are admitted in one step before either is cached: vLLM would cache
+    # both physical copies of the first blocks; here the second copy is not.
+    a, b = Request("a", p), Request("b", p)
+    new_a = m.allocate_slots(a, 9)
+    new_b = m.allocate_slots(b, 9)
+    assert set(new_a.get_block_ids()[0]).isdisjoint(new_b.get_block_ids()[0])
+    stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
+    assert len(stored) == 1 and len(stored[0].block_hashes) == 2
+    assert m.manager.stats()["cached_blocks"] == 2
+
+
+def test_delay_cache_blocks_defers_sharing_until_cache_blocks():
+    m = make()
+    req = Request("a", list(range(9)))
+    m.allocate_slots(req, 0, num_external_computed_tokens=8, delay_cache_blocks=True)
+    assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 0
+    req.num_computed_tokens = 8
+    m.cache_blocks(req, 8)
+    assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 8
+
+
+def test_full_sequence_must_fit_reserves_the_whole_prompt():
+    m = make(num_blocks=4)
+    req = Request("a", list(range(15)))
+    new = m.allocate_slots(req, 4, full_sequence_must_fit=True)
+    assert len(new.get_block_ids()[0]) == 4
+    assert m.allocate_slots(Request("b", [1, 2]), 2) is None
+    req.num_computed_tokens = 4
+    assert m.allocate_slots(req, 11).get_block_ids() == ([],)
+
+
+def test_decode_slots_reserve_room_for_generated_tokens():
+    m = make()
+    req = Request("a", list(range(4)))
+    new = m.allocate_slots(req, 4, decode_slots=8)
+    assert len(new.get_block_ids()[0]) == 3
+    req.num_computed_tokens = 4
+    for t in range(8):
+        assert decode(m, req, 50 + t).get_block_ids() == ([],)
+
+
+def test_speculative_slots_beyond_reserved_room_are_refused():
+    m = make()
+    req = Request("a", list(range(4)))
+    schedule_prefill(m, req)
+    req.all_token_ids.append(9)
+    with pytest.raises(NotImplementedError, match="reserve"):
+        m.allocate_slots(req, 1, num_lookahead_tokens=4)
+    # Within the reserved room, lookahead slots are fine.
+    r = Request("b", list(range(10, 14)))
+    m.allocate_slots(r, 4, num_lookahead_tokens=2, decode_slots=4)
+    r.num_computed_tokens = 4
+    r.all_token_ids.append(1)
+    assert m.allocate_slots(r, 1, num_lookahead_tokens=2) is not None
+
+
+def test_stale_hit_is_an_error_not_silent_reuse():
+    m = make(num_blocks=4)
+    a = Request("a", list(range(9)))
+    schedule_prefill(m, a)
+    m.free(a)
+    b = Request("b", list(range(9)))
+    blocks, hit, _ = m.get_computed_blocks(b)
+    c = Request("c", list(range(100, 116)))
+    schedule_prefill(m, c)  # evicts everything
+    m.free(c)
+    with pytest.raises(RuntimeError, match="prefix hit changed"):
+        m.allocate_slots(b, b.num_tokens - hit, hit, blocks)
+    assert m.get_blocks("b").get_block_ids() == ([],)
+    m.manager._check_invariants()
+
+
+def test_argument_errors():
+    m = make()
+    req = Request("a", list(range(9)))
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        m.allocate_slots(req, 0)
+    with pytest.raises(ValueError, match="encoder"):
+        m.allocate_slots(req, 9, num_encoder_tokens=3)
+    with pytest.raises(ValueError, match="does not match"):
+        m.allocate_slots(req, 5, 4, None)
+    with pytest.raises(ValueError):
+        m.allocate_slots(Request("huge", list(range(100))), 100)
+    m.allocate_slots(req, 9)
+    with pytest.raises(ValueError, match="running request"):
+        m.allocate_slots(req, 1, 4, KVCacheBlocks(([],)))
+
+
+def test_reset_prefix_cache_only_when_idle_and_events():
+    m = make(enable_kv_cache_events=True, log_stats=True)
+    req = Request("a", list(range(13)))
+    schedule_prefill(m, req)
+    assert not m.reset_prefix_cache()
+    m.free(req)
+    m.free(req)  # freeing twice is harmless, as in vLLM
+    assert m.reset_prefix_cache()
+    events = m.take_events()
+    assert isinstance(events[-1], AllBlocksCleared)
+    assert m.get_computed_blocks(Request("b", list(range(13))))[1] == 0
+    assert m.make_prefix_cache_stats().reset
+    assert not m.make_prefix_cache_stats().reset
+
+
+def test_eviction_is_reported_with_lora_names():
+    m = make(num_blocks=3, enable_kv_cache_events=True)
+    a = Request("a", list(range(9)), lora_request=Lora("sql", 7))
+    schedule_prefill(m, a)
+    m.free(a)
+    stored = m.take_events()
+    assert [(e.lora_name, e.lora_id) for e in stored] == [("sql", 7)]
+    schedule_prefill(m, Request("b", list(range(50, 59))))
+    removed = [e for e in m.take_events() if isinstance(e, BlockRemoved)]
+    assert sorted(h for e in removed for h in e.block_hashes) == sorted(stored[0].block_hashes)
+
+
+def test_prefix_cache_stats_split_preempted_requests():
+    m = make(log_stats=True)
+    a = Request("a", list(range(9)))
+    schedule_prefill(m, a)
+    m.record_prefix_cache_stats(a, 0)
+    b = Request("b", list(range(9)), num_preemptions=1)
+    _, hit = schedule_prefill(m, b)
+    m.record_prefix_cache_stats(b, hit)
+    s = m.make_prefix_cache_stats()
+    assert (s.requests, s.queries, s.hits) == (1, 9, 0)
+    assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 9, 8)
+    assert make().make_prefix_cache_stats() is None
+
+
+def test_block_objects_and_results_behave_like_vllms():
+    m = make()
+    new, _ = schedule_prefill(m, Request("a", list(range(9))))
+    assert [b.block_id for b in new.blocks[0]] == [0, 1, 2]
+    assert not new.blocks[0][0].is_null
+    assert m.empty_kv_cache_blocks.get_block_ids(allow_none=True) is None
+    assert new.new_empty().get_block_ids() == ([],)
+    assert new.get_block_ids(group_ids=[0]) == ([0, 1, 2],)
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    assert m.get_block_ids("unknown") == ([],)
+    with pytest.raises(NotImplementedError, match="evict_blocks"):
+        m.evict_blocks({0})
+    m.evict_blocks(set())
+
+
+def test_caching_disabled_shares_nothing():
+    m = make(enable_caching=False)
+    schedule_prefill(m, Request("a", list(range(9))))
+    assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 0
+
+
+def test_scheduler_loop_keeps_the_manager_consistent():
+    """Many requests with shared prefixes through admission, chunked prefill,
+    decode, preemption and finish; invariants hold and everything is freed."""
+    m = make(num_blocks=24)
+    system = list(range(1000, 1008))
+    waiting = [Request(f"r{i}", system + [i] * (3 + i % 5)) for i in range(12)]
+    running: List[Request] = []
+    out_left = {r.request_id: 3 + i % 4 for i, r in enumerate(waiting)}
+    hits = 0
+    step = 0
+    while waiting or running:
+        step += 1
+        assert step < 500
+        for r in list(running):
+            if r not in running:  # preempted earlier in this step
+                continue
+            if r.num_computed_tokens < r.num_tokens:
+                new = m.allocate_slots(r, min(4, r.num_tokens - r.num_computed_tokens))
+                if new is not None:
+                    r.num_computed_tokens += min(4, r.num_tokens - r.num_computed_tokens)
+                continue
+            if out_left[r.request_id] == 0:
+                m.free(r)
+                running.remove(r)
+                continue
+            if decode(m, r, 7000 + step) is None:
+                victim = running.pop()
+                m.free(victim)
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                waiting.insert(0, victim)
+                continue
+            out_left[r.request_id] -= 1
+        while waiting:
+            r = waiting[0]
+            new, hit = schedule_prefill(m, r, budget=4)
+            if new is None:
+                break
+            hits += hit
+            running.append(waiting.pop(0))
+        m.manager._check_invariants()
+    assert hits > 0
+    assert m.manager.num_free_blocks == 24
