@@ -39,6 +39,10 @@ echo "== python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
 .venv/bin/python -m pytest -q python/tests
 
+echo "== the vLLM adapter replays the Mooncake trace exactly as simulate does"
+cargo build --release --features "$features" --bin mla-cache
+.venv/bin/python python/bench/replay_vllm_adapter.py --compare target/release/mla-cache
+
 echo "== C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 scripts/c-tests.sh --release --features "$features" --valgrind
