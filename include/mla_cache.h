@@ -247,6 +247,13 @@ typedef struct MlaManager MlaManager;
 typedef struct MlaStore MlaStore;
 
 /**
+ * A tiered cache (opaque): a block manager and its store (the device
+ * tier, L1), a host-memory tier (L2) and a remote tier (L3). Allocate only
+ * through it. Thread-safe.
+ */
+typedef struct MlaTieredCache MlaTieredCache;
+
+/**
  * Every field of a configuration, as read by `mla_config_get`.
  */
 typedef struct MlaConfigInfo {
@@ -697,6 +704,192 @@ typedef struct MlaLayerView {
      */
     struct MlaTokenLayout layout;
 } MlaLayerView;
+
+/**
+ * Settings of the lower tiers. All-zero (NULL strings) means no lower
+ * tier, write-through, namespace `default`, a 20 ms lookup budget and a
+ * queue of 64 jobs.
+ */
+typedef struct MlaTierOptions {
+    /**
+     * Bytes of host memory for the host tier, rounded down to whole
+     * blocks; 0 for none.
+     */
+    uint64_t host_mem_bytes;
+    /**
+     * The remote tier, or NULL for none: `redis://host:port/`,
+     * `rediss://...` (TLS), `redis://user:password@host:port/` (ACL), or
+     * `cluster:` and comma-separated node URLs. Needs the library's
+     * `remote-redis` feature (else `MLA_STATUS_INVALID_CONFIG`) and a fixed
+     * hash seed in the configuration, the same on every node.
+     */
+    const char *remote;
+    /**
+     * `write-through`, `write-through-selective:N` or `write-back`; NULL
+     * for write-through.
+     */
+    const char *write_policy;
+    /**
+     * Names the deployment (model and weights) in remote keys; NULL for
+     * `default`. Only caches with the same namespace share blocks.
+     */
+    const char *remote_namespace;
+    /**
+     * Longest a remote lookup waits, in microseconds; 0 for 20 ms.
+     */
+    uint64_t lookup_budget_us;
+    /**
+     * Remote jobs queued at most (beyond: lookups miss, writes are
+     * dropped); 0 for 64.
+     */
+    size_t queue_depth;
+    /**
+     * The engine's `CUstream`: block copies out of and into a CUDA store
+     * are enqueued on it and waited for. NULL: the legacy default stream.
+     */
+    void *stream;
+} MlaTierOptions;
+
+/**
+ * Prompt tokens served by each tier: a leading run from the device tier,
+ * continued from host memory, then from the remote tier.
+ */
+typedef struct MlaTierHits {
+    /**
+     * Tokens already in the device tier.
+     */
+    size_t device_tokens;
+    /**
+     * Tokens loaded (for a lookup: loadable) from host memory.
+     */
+    size_t host_tokens;
+    /**
+     * Tokens loaded (for a lookup: loadable) from the remote tier.
+     */
+    size_t remote_tokens;
+} MlaTierHits;
+
+/**
+ * Counters of the host tier.
+ */
+typedef struct MlaHostTierStats {
+    /**
+     * Blocks the tier can hold.
+     */
+    uint64_t capacity_blocks;
+    /**
+     * Blocks held now.
+     */
+    uint64_t blocks;
+    /**
+     * Blocks copied in.
+     */
+    uint64_t stores;
+    /**
+     * Blocks copied out (loads, uploads to the remote tier).
+     */
+    uint64_t loads;
+    /**
+     * Blocks evicted to make room.
+     */
+    uint64_t evictions;
+} MlaHostTierStats;
+
+/**
+ * Counters of the remote tier.
+ */
+typedef struct MlaRemoteStats {
+    /**
+     * Lookups sent (block gets and existence probes).
+     */
+    uint64_t lookups;
+    /**
+     * Blocks found and accepted.
+     */
+    uint64_t hit_blocks;
+    /**
+     * Blocks asked for and not found, or lost to a failure.
+     */
+    uint64_t miss_blocks;
+    /**
+     * Values refused: bad header, geometry, length or checksum.
+     */
+    uint64_t rejected;
+    /**
+     * Lookups that ran past the budget.
+     */
+    uint64_t timeouts;
+    /**
+     * Backend calls that failed (connection, timeout, server error).
+     */
+    uint64_t errors;
+    /**
+     * Jobs not queued because the queue was full.
+     */
+    uint64_t queue_full;
+    /**
+     * Blocks handed to the backend for writing.
+     */
+    uint64_t put_blocks;
+    /**
+     * Value bytes handed to the backend for writing.
+     */
+    uint64_t put_bytes;
+    /**
+     * Value bytes read and accepted.
+     */
+    uint64_t get_bytes;
+} MlaRemoteStats;
+
+/**
+ * Counters of a tiered cache and of its tiers.
+ */
+typedef struct MlaTierStats {
+    /**
+     * Prompt tokens looked up by admissions.
+     */
+    uint64_t query_tokens;
+    /**
+     * Tokens served from the device tier by admissions.
+     */
+    uint64_t device_hit_tokens;
+    /**
+     * Tokens loaded from host memory by admissions.
+     */
+    uint64_t host_hit_tokens;
+    /**
+     * Tokens loaded from the remote tier by admissions.
+     */
+    uint64_t remote_hit_tokens;
+    /**
+     * Blocks copied down when computed or hit (write-through, selective).
+     */
+    uint64_t written_through;
+    /**
+     * Evicted blocks copied down before reuse (write-back).
+     */
+    uint64_t written_back;
+    /**
+     * Block copies that failed (the block is then not in the lower tier).
+     */
+    uint64_t copy_errors;
+    /**
+     * Whether there is a host tier (else `host` is zero).
+     */
+    bool has_host;
+    /**
+     * The host tier's counters.
+     */
+    struct MlaHostTierStats host;
+    /**
+     * Whether there is a remote tier (else `remote` is zero).
+     */
+    bool has_remote;
+    /**
+     * The remote tier's counters.
+     */
+    struct MlaRemoteStats remote;
+} MlaTierStats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1384,6 +1577,184 @@ enum MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
 enum MlaStatus mla_store_layer_view(const struct MlaStore *store,
                                     size_t layer,
                                     struct MlaLayerView *out);
+
+/**
+ * Creates a tiered cache: a block manager for `config` (copied) over
+ * `store` (which must hold blocks of the same geometry), with the lower
+ * tiers of `options` (NULL: none). The cache shares the store: the store's
+ * memory lives until both handles are destroyed. A remote tier connects
+ * lazily; an unreachable server costs hits, not errors. Fails with
+ * `MLA_STATUS_INVALID_CONFIG` (bad configuration or options, a store of
+ * another geometry, a remote tier without `remote-redis` support or
+ * without a hash seed, prefix caching off with lower tiers),
+ * `MLA_STATUS_INVALID_UTF8`.
+ *
+ * # Safety
+ * `options` must be NULL or valid (with valid strings); `out` must be valid
+ * for a write; `*out` receives the new handle.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_create(const struct MlaConfig *config,
+                                 const struct MlaStore *store,
+                                 const struct MlaTierOptions *options,
+                                 struct MlaTieredCache **out);
+
+/**
+ * Destroys a tiered cache (its remote tier's queued writes are dropped).
+ *
+ * # Safety
+ * `cache` must not be used after this call.
+ *
+ * Thread safety: waits for calls in flight on this handle.
+ */
+enum MlaStatus mla_tiered_destroy(struct MlaTieredCache *cache);
+
+/**
+ * Admits request `id` like `mla_manager_admit`, then loads the
+ * continuation of its cached prefix from host memory and the remote tier
+ * into its blocks before returning. `*num_cached_tokens` covers every
+ * loaded token; `*hits` says how many each tier served. Buffers and
+ * failures as `mla_manager_admit`.
+ *
+ * # Safety
+ * As `mla_manager_admit`; `hits` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_admit(struct MlaTieredCache *cache,
+                                MlaRequestId id,
+                                const MlaTokenId *tokens,
+                                size_t num_tokens,
+                                const struct MlaAdmitOptions *options,
+                                MlaBlockId *block_ids,
+                                size_t block_ids_cap,
+                                size_t *num_block_ids,
+                                size_t *num_cached_tokens,
+                                struct MlaTierHits *hits);
+
+/**
+ * Where the longest cached prefix of `tokens` under `keys` (NULL: none)
+ * lies, without admitting or loading anything; the remote tier is probed
+ * within the lookup budget. Not capped at the last token.
+ *
+ * # Safety
+ * `tokens` must hold `num_tokens` ids; `keys` must be NULL or valid; `hits`
+ * must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_lookup(const struct MlaTieredCache *cache,
+                                 const MlaTokenId *tokens,
+                                 size_t num_tokens,
+                                 const struct MlaExtraKeys *keys,
+                                 struct MlaTierHits *hits);
+
+/**
+ * Appends generated tokens like `mla_manager_append` (same buffers and
+ * failures); blocks it evicts are copied down first under write-back.
+ *
+ * # Safety
+ * As `mla_manager_append`.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_append(struct MlaTieredCache *cache,
+                                 MlaRequestId id,
+                                 const MlaTokenId *tokens,
+                                 size_t num_tokens,
+                                 MlaBlockId *new_block_ids,
+                                 size_t new_block_ids_cap,
+                                 size_t *num_new_block_ids,
+                                 struct MlaBlockCopy *copies,
+                                 size_t copies_cap,
+                                 size_t *num_copies);
+
+/**
+ * Reports that the first `num_computed_tokens` tokens of request `id`
+ * have their KV written, like `mla_manager_commit`; under write-through
+ * their full blocks go down.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_commit(struct MlaTieredCache *cache,
+                                 MlaRequestId id,
+                                 size_t num_computed_tokens);
+
+/**
+ * Creates request `child` sharing the blocks of `parent`, like
+ * `mla_manager_fork`.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_fork(struct MlaTieredCache *cache,
+                               MlaRequestId parent,
+                               MlaRequestId child);
+
+/**
+ * Frees request `id` like `mla_manager_free`; an unchunked request's
+ * written blocks go down first under write-through.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_free(struct MlaTieredCache *cache, MlaRequestId id);
+
+/**
+ * Writes the block table of request `id` and its length, like
+ * `mla_manager_block_table`.
+ *
+ * # Safety
+ * `block_ids` must have room for `block_ids_cap` ids; `num_block_ids` must
+ * be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_block_table(const struct MlaTieredCache *cache,
+                                      MlaRequestId id,
+                                      MlaBlockId *block_ids,
+                                      size_t block_ids_cap,
+                                      size_t *num_block_ids);
+
+/**
+ * Writes the slot numbers of positions `start .. end` of request `id`,
+ * like `mla_manager_slot_mapping`.
+ *
+ * # Safety
+ * `slots` must have room for `slots_cap` values; `num_slots` must be valid
+ * for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_slot_mapping(const struct MlaTieredCache *cache,
+                                       MlaRequestId id,
+                                       size_t start,
+                                       size_t end,
+                                       int64_t *slots,
+                                       size_t slots_cap,
+                                       size_t *num_slots);
+
+/**
+ * A snapshot of the tiered cache's counters and its tiers'.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_stats(const struct MlaTieredCache *cache, struct MlaTierStats *out);
+
+/**
+ * Waits up to `timeout_ms` until the remote tier has run every write
+ * queued so far; `*done` says whether it did (true without a remote tier).
+ *
+ * # Safety
+ * `done` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_tiered_flush_remote(const struct MlaTieredCache *cache,
+                                       uint64_t timeout_ms,
+                                       bool *done);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -28,7 +28,7 @@ while [[ $# -gt 0 ]]; do
             # The C test expects a CUDA store to be creatable (or to fail for want of a GPU).
             [[ ",$1," == *,cuda,* ]] && defines+=(-DMLA_TEST_CUDA_FEATURE)
             # The remote tier's TLS comes from the system's OpenSSL.
-            [[ ",$1," == *,remote-redis,* ]] && static_deps+=(-lssl -lcrypto)
+            [[ ",$1," == *,remote-redis,* ]] && static_deps+=(-lssl -lcrypto) && defines+=(-DMLA_TEST_REMOTE_FEATURE)
             shift ;;
         --valgrind) valgrind=1 ;;
         -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
@@ -53,7 +53,8 @@ g++ -std=c++17 -pedantic "${warn[@]}" examples/cpp/example.cpp "${static[@]}" -o
 run=()
 if [[ $valgrind == 1 ]]; then
     command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
-    run=(valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible)
+    run=(valgrind --quiet --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible
+         --suppressions=tests/c/valgrind.supp)
 fi
 
 "${run[@]}" "$out/test_abi"

@@ -93,6 +93,9 @@ fn c_program_exercises_every_function_and_status() {
     if cfg!(feature = "cuda") {
         flags.push("-DMLA_TEST_CUDA_FEATURE");
     }
+    if cfg!(feature = "remote-redis") {
+        flags.push("-DMLA_TEST_REMOTE_FEATURE");
+    }
     let exe = build("gcc", &flags, "tests/c/test_abi.c", "test_abi", true);
     let out = run(&mut Command::new(&exe), "test_abi");
     let summary = out.lines().last().unwrap_or_default();

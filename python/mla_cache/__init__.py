@@ -11,6 +11,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in
   ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
   block copies, and zero-copy access (numpy views, DLPack, raw pointers).
+- :class:`TieredCache`: a manager and its store with a host-memory tier
+  and a remote Valkey/Redis tier below (``docs/tiers.md``).
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
   :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
 - Engine adapters: :mod:`mla_cache.vllm` (vLLM v1's ``KVCacheManager``) and
@@ -59,6 +61,9 @@ from ._native import (
     PinBudgetExceeded,
     PrefixMatch,
     StorageError,
+    TierHits,
+    TieredAdmission,
+    TieredCache,
 )
 
 __all__ = [
@@ -78,6 +83,9 @@ __all__ = [
     "PinBudgetExceeded",
     "PrefixMatch",
     "StorageError",
+    "TierHits",
+    "TieredAdmission",
+    "TieredCache",
 ]
 
 try:

@@ -15,6 +15,9 @@ from ._native import (
     PinBudgetExceeded as PinBudgetExceeded,
     PrefixMatch as PrefixMatch,
     StorageError as StorageError,
+    TierHits as TierHits,
+    TieredAdmission as TieredAdmission,
+    TieredCache as TieredCache,
 )
 
 __version__: str

@@ -404,3 +404,109 @@ class LatentStore:
         """A ``LayerBuffer`` of a layer, on any device."""
     def data_ptr(self, layer: int) -> int:
         """Address of the first byte of a layer."""
+
+WritePolicyName = str
+"""``"write-through"``, ``"write-through-selective:N"`` (N >= 1) or ``"write-back"``."""
+
+@final
+class TierHits:
+    """Prompt tokens served by each tier: a leading run from the device tier,
+    continued from host memory, then from the remote tier."""
+
+    @property
+    def device_tokens(self) -> int:
+        """Tokens already in the device tier."""
+    @property
+    def host_tokens(self) -> int:
+        """Tokens loaded (for a lookup: loadable) from host memory."""
+    @property
+    def remote_tokens(self) -> int:
+        """Tokens loaded (for a lookup: loadable) from the remote tier."""
+    @property
+    def total(self) -> int:
+        """Tokens served by all tiers together."""
+
+@final
+class TieredAdmission:
+    """The outcome of ``TieredCache.admit``."""
+
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]:
+        """The request's block table, reserved room included."""
+    @property
+    def num_cached_tokens(self) -> int:
+        """Leading prompt tokens whose KV is in the device store now (hits and loads)."""
+    @property
+    def hits(self) -> TierHits:
+        """Where those tokens came from."""
+
+@final
+class TieredCache:
+    """A block manager and its ``LatentStore`` (the device tier) with a host
+    memory tier (``host_mem`` bytes) and a remote Valkey/Redis tier
+    (``remote``: ``"redis://host:port/"``, ``"rediss://..."``,
+    ``"redis://user:password@host:port/"`` or ``"cluster:url,url"``).
+    ``admit`` loads the continuation of the device tier's hit from the lower
+    tiers before returning. The remote tier needs ``config.hash_seed`` (the
+    same on every node); nodes share blocks under the same ``namespace``.
+    Thread-safe; allocate only through this object."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        store: LatentStore,
+        *,
+        host_mem: int = 0,
+        remote: Optional[str] = None,
+        write_policy: WritePolicyName = "write-through",
+        namespace: str = "default",
+        lookup_budget_ms: float = 20.0,
+        queue_depth: int = 64,
+        stream: int = 0,
+    ) -> None: ...
+    @property
+    def config(self) -> CacheConfig:
+        """The configuration."""
+    @property
+    def store(self) -> LatentStore:
+        """The device store."""
+    @property
+    def write_policy(self) -> str:
+        """The write policy's name."""
+    def admit(
+        self,
+        request_id: RequestId,
+        tokens: TokenIds,
+        *,
+        decode_slots: int = 0,
+        extra_keys: ExtraKeysLike = None,
+        salt: Optional[str] = None,
+        chunked_prefill: bool = False,
+    ) -> TieredAdmission:
+        """Admits like ``BlockManager.admit``, then loads the cached prefix's
+        continuation from host memory and the remote tier before returning."""
+    def lookup(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> TierHits:
+        """Where the longest cached prefix lies, without admitting or loading."""
+    def append(self, request_id: RequestId, tokens: TokenIds) -> AppendOutcome:
+        """Appends generated tokens like ``BlockManager.append``."""
+    def commit(self, request_id: RequestId, num_computed_tokens: int) -> None:
+        """Reports written KV (chunked prefill); written-through blocks go down."""
+    def fork(self, parent: RequestId, child: RequestId) -> None:
+        """Creates ``child`` sharing the blocks of ``parent``."""
+    def free(self, request_id: RequestId) -> None:
+        """Frees a request; its full blocks stay cached until evicted."""
+    def block_table(self, request_id: RequestId) -> npt.NDArray[np.int32]:
+        """The request's block table, reserved room included."""
+    def slot_mapping(self, request_id: RequestId, start: int, end: int) -> npt.NDArray[np.int64]:
+        """Slot numbers of positions ``start .. end``, for ``LatentStore.write``."""
+    def num_tokens(self, request_id: RequestId) -> int:
+        """Tokens (prompt and appended) of the request."""
+    def flush_remote(self, timeout_s: float = 10.0) -> bool:
+        """Waits until the remote tier ran every queued write; whether it did."""
+    def stats(self) -> dict[str, Any]:
+        """Counters: ``query_tokens``, ``device_hit_tokens``, ``host_hit_tokens``,
+        ``remote_hit_tokens``, ``written_through``, ``written_back``,
+        ``copy_errors``; ``host`` and ``remote`` (dicts or ``None``);
+        ``manager`` (the device tier's ``BlockManager.stats()`` counters)."""

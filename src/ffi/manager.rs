@@ -7,7 +7,7 @@ use super::{
     guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
     MlaStatus, MlaTokenId, Out, OutBuf, Registry,
 };
-use crate::{AdmitOptions, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey};
+use crate::{AdmitOptions, AppendOutcome, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey};
 
 /// A block manager (opaque): who holds which block, prefix sharing,
 /// copy-on-write, pinning and eviction. Thread-safe: share one handle
@@ -86,7 +86,7 @@ pub struct MlaAdmitOptions {
 /// # Safety
 /// A non-null `keys` must point to a valid `MlaExtraKeys` whose strings and
 /// array are valid.
-unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKeys> {
+pub(crate) unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKeys> {
     // SAFETY: per the contract.
     let Some(k) = (unsafe { keys.as_ref() }) else {
         return Ok(ExtraKeys::default());
@@ -109,6 +109,24 @@ unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKeys> {
         // SAFETY: per the contract.
         salt: unsafe { opt_text(k.salt, "keys.salt") }?.map(str::to_owned),
         mm,
+    })
+}
+
+/// Converts optional C admission options (NULL: the defaults).
+///
+/// # Safety
+/// A non-null `options` must point to valid `MlaAdmitOptions` (with valid
+/// strings and arrays).
+pub(crate) unsafe fn admit_options(options: *const MlaAdmitOptions) -> FfiResult<AdmitOptions> {
+    // SAFETY: per the contract.
+    Ok(match unsafe { options.as_ref() } {
+        None => AdmitOptions::default(),
+        Some(o) => AdmitOptions {
+            decode_slots: o.decode_slots,
+            // SAFETY: per the contract.
+            keys: unsafe { extra_keys(&o.keys) }?,
+            chunked_prefill: o.chunked_prefill,
+        },
     })
 }
 
@@ -209,14 +227,7 @@ pub unsafe extern "C" fn mla_manager_admit(
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
         let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
         let cached_out = Out::new(num_cached_tokens, "num_cached_tokens")?;
-        let opts = match unsafe { options.as_ref() } {
-            None => AdmitOptions::default(),
-            Some(o) => AdmitOptions {
-                decode_slots: o.decode_slots,
-                keys: unsafe { extra_keys(&o.keys) }?,
-                chunked_prefill: o.chunked_prefill,
-            },
-        };
+        let opts = unsafe { admit_options(options) }?;
         with(manager, |m| {
             let config = m.config();
             if let Some(slots) = tokens.len().checked_add(opts.decode_slots) {
@@ -315,32 +326,46 @@ pub unsafe extern "C" fn mla_manager_append(
         )?;
         let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
         with(manager, |m| {
-            let most_new = tokens.len().div_ceil(m.config().block_size);
-            if !tokens.is_empty()
-                && (most_new > new_block_ids_cap || copies_cap < MLA_MAX_COPIES_PER_APPEND)
-            {
-                // SAFETY: per the contract.
-                unsafe {
-                    new_out.set_len(most_new);
-                    copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
-                }
-                return Err(Failure::new(
-                    MlaStatus::BufferTooSmall,
-                    format!(
-                        "appending {} tokens needs room for {most_new} new block ids and \
-                         {MLA_MAX_COPIES_PER_APPEND} copy, got {new_block_ids_cap} and {copies_cap}",
-                        tokens.len()
-                    ),
-                ));
-            }
-            let outcome = m.append(id, tokens)?;
-            unsafe {
-                new_out.fill(&outcome.new_block_ids)?;
-                copies_out.fill(&outcome.copies)?;
-            }
-            Ok(())
+            // SAFETY: per the contract.
+            unsafe { append_into(tokens.len(), m.config().block_size, &new_out, &copies_out, || m.append(id, tokens)) }
         })
     })
+}
+
+/// Checks an append's output buffers against the most `num_tokens` tokens
+/// can return, then runs `append` and writes its outcome.
+///
+/// # Safety
+/// The buffers must be valid for their capacities, their lengths for writes.
+pub(crate) unsafe fn append_into(
+    num_tokens: usize,
+    block_size: usize,
+    new_out: &OutBuf<MlaBlockId>,
+    copies_out: &OutBuf<MlaBlockCopy>,
+    append: impl FnOnce() -> crate::Result<AppendOutcome>,
+) -> FfiResult<()> {
+    let most_new = num_tokens.div_ceil(block_size);
+    if num_tokens > 0 && (most_new > new_out.cap || copies_out.cap < MLA_MAX_COPIES_PER_APPEND) {
+        // SAFETY: per the contract.
+        unsafe {
+            new_out.set_len(most_new);
+            copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
+        }
+        return Err(Failure::new(
+            MlaStatus::BufferTooSmall,
+            format!(
+                "appending {num_tokens} tokens needs room for {most_new} new block ids and \
+                 {MLA_MAX_COPIES_PER_APPEND} copy, got {} and {}",
+                new_out.cap, copies_out.cap
+            ),
+        ));
+    }
+    let outcome = append()?;
+    // SAFETY: per the contract.
+    unsafe {
+        new_out.fill(&outcome.new_block_ids)?;
+        copies_out.fill(&outcome.copies)
+    }
 }
 
 /// Most copies one `mla_manager_append` returns (only the tail block of a

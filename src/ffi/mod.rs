@@ -28,12 +28,14 @@ pub mod events;
 pub mod manager;
 pub mod status;
 pub mod store;
+pub mod tier;
 
 pub use config::*;
 pub use events::*;
 pub use manager::*;
 pub use status::*;
 pub use store::*;
+pub use tier::*;
 
 // Spelled out for cbindgen; the calls into the crate only compile while
 // they equal `crate::BlockId`, `crate::TokenId` and `crate::RequestId`.

@@ -1,6 +1,7 @@
 //! Latent stores: write, gather and copy latents on host or GPU memory.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use super::config::{info, CONFIGS};
 use super::{
@@ -11,16 +12,28 @@ use crate::codec::{ElemType, TokenLayout};
 use crate::store::{
     Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc,
 };
+use crate::tier::BlockTransfer;
 use crate::CacheConfig;
 
 /// A latent store (opaque): the cached latents of every layer, laid out per
 /// layer as `[num_blocks][block_size][bytes_per_token]`. Thread-safe;
 /// operations on one layer are ordered by the store.
 pub struct MlaStore {
-    inner: Box<dyn LatentStore>,
+    pub(crate) inner: Arc<dyn LatentStore>,
+    /// The same store, for whole-block copies by a tiered cache.
+    pub(crate) blocks: Arc<dyn BlockTransfer>,
 }
 
-static STORES: Registry<MlaStore> = Registry::new("MlaStore");
+/// A store, seen as latents and as whole blocks.
+type Shared = (Arc<dyn LatentStore>, Arc<dyn BlockTransfer>);
+
+/// Shares a freshly created store as both views.
+fn shared<S: LatentStore + BlockTransfer + 'static>(s: S) -> Shared {
+    let s = Arc::new(s);
+    (s.clone(), s)
+}
+
+pub(crate) static STORES: Registry<MlaStore> = Registry::new("MlaStore");
 
 /// Element type of a tensor given to or filled by a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,13 +182,13 @@ unsafe fn matrix(m: *const MlaMatrix, what: &str) -> FfiResult<MatrixDesc> {
 fn create(
     config: *const MlaConfig,
     out: *mut *mut MlaStore,
-    make: impl FnOnce(&CacheConfig) -> FfiResult<Box<dyn LatentStore>>,
+    make: impl FnOnce(&CacheConfig) -> FfiResult<Shared>,
 ) -> FfiResult<()> {
     let out = Out::new(out, "out")?;
     let config = CONFIGS.with(config, |c| Ok(c.get()))?;
-    let inner = make(&config)?;
+    let (inner, blocks) = make(&config)?;
     // SAFETY: `out` was checked; valid for a write per the caller's contract.
-    unsafe { out.set(STORES.register(MlaStore { inner })) };
+    unsafe { out.set(STORES.register(MlaStore { inner, blocks })) };
     Ok(())
 }
 
@@ -197,7 +210,7 @@ pub unsafe extern "C" fn mla_store_create_host(
     guard("mla_store_create_host", || {
         create(config, out, |c| {
             let store = HostStore::with_options(c, HostStoreOptions { huge_pages })?;
-            Ok(Box::new(store))
+            Ok(shared(store))
         })
     })
 }
@@ -230,12 +243,12 @@ pub unsafe extern "C" fn mla_store_create_cuda(
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
-    Ok(Box::new(crate::store::CudaStore::new(config, ordinal)?))
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Shared> {
+    Ok(shared(crate::store::CudaStore::new(config, ordinal)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Box<dyn LatentStore>> {
+fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Shared> {
     config.validate()?;
     Err(Failure::new(
         MlaStatus::Unsupported,

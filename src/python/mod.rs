@@ -15,6 +15,8 @@ mod outcomes;
 mod request_ids;
 mod store;
 mod tensors;
+mod tier;
+mod tier_outcomes;
 
 use pyo3::prelude::*;
 
@@ -31,6 +33,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<outcomes::Admission>()?;
     m.add_class::<outcomes::PrefixMatch>()?;
     m.add_class::<outcomes::AppendOutcome>()?;
+    m.add_class::<tier::TieredCache>()?;
+    m.add_class::<tier_outcomes::TieredAdmission>()?;
+    m.add_class::<tier_outcomes::TierHits>()?;
     m.add_class::<events::CacheEvent>()?;
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;

@@ -16,6 +16,7 @@ use super::layer_buffer::LayerBuffer;
 use super::tensors::{device_name, is_raw_tuple, Elem, Tensor};
 use crate::codec::ElemType;
 use crate::store::{self, Device, HostStore, HostStoreOptions, MatrixDesc, Stream, VectorDesc};
+use crate::tier::BlockTransfer;
 use crate::{config, Error, Result};
 
 /// The cached latents of every layer, ``[num_blocks, block_size,
@@ -37,7 +38,18 @@ use crate::{config, Error, Result};
 #[pyclass(frozen, module = "mla_cache")]
 pub struct LatentStore {
     store: Arc<dyn store::LatentStore>,
+    /// The same store, for whole-block copies by a ``TieredCache``.
+    blocks: Arc<dyn BlockTransfer>,
     config: Py<CacheConfig>,
+}
+
+/// A store, seen as latents and as whole blocks.
+type Opened = (Arc<dyn store::LatentStore>, Arc<dyn BlockTransfer>);
+
+/// Shares a freshly opened store as both views.
+fn opened<S: store::LatentStore + BlockTransfer + 'static>(s: S) -> Opened {
+    let s = Arc::new(s);
+    (s.clone(), s)
 }
 
 /// Parses `cpu`, `host`, `cuda` or `cuda:N`.
@@ -58,9 +70,9 @@ fn parse_device(name: &str) -> PyResult<Device> {
 }
 
 /// Opens a store of `config` on `device`.
-fn open(config: &config::CacheConfig, device: Device, huge_pages: bool) -> Result<Arc<dyn store::LatentStore>> {
+fn open(config: &config::CacheConfig, device: Device, huge_pages: bool) -> Result<Opened> {
     match device {
-        Device::Host => Ok(Arc::new(HostStore::with_options(
+        Device::Host => Ok(opened(HostStore::with_options(
             config,
             HostStoreOptions { huge_pages },
         )?)),
@@ -69,16 +81,16 @@ fn open(config: &config::CacheConfig, device: Device, huge_pages: bool) -> Resul
 }
 
 #[cfg(feature = "cuda")]
-fn open_cuda(config: &config::CacheConfig, ordinal: usize) -> Result<Arc<dyn store::LatentStore>> {
+fn open_cuda(config: &config::CacheConfig, ordinal: usize) -> Result<Opened> {
     match store::CudaStore::new(config, ordinal) {
-        Ok(s) => Ok(Arc::new(s)),
+        Ok(s) => Ok(opened(s)),
         Err(Error::Storage(m)) => Err(Error::Storage(format!("cuda:{ordinal}: {m}"))),
         Err(e) => Err(e),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_config: &config::CacheConfig, ordinal: usize) -> Result<Arc<dyn store::LatentStore>> {
+fn open_cuda(_config: &config::CacheConfig, ordinal: usize) -> Result<Opened> {
     Err(Error::Storage(format!(
         "cuda:{ordinal} requested, but this build of mla_cache has no CUDA support \
          (build it with the `cuda` feature)"
@@ -93,6 +105,11 @@ struct IntArg<'py, T> {
 }
 
 impl LatentStore {
+    /// The store as whole blocks, and its configuration.
+    pub(crate) fn blocks(&self) -> (Arc<dyn BlockTransfer>, &config::CacheConfig) {
+        (Arc::clone(&self.blocks), self.store.config())
+    }
+
     fn place(&self) -> Device {
         self.store.device()
     }
@@ -198,9 +215,10 @@ impl LatentStore {
     #[pyo3(signature = (config, device = "cpu", *, huge_pages = false))]
     fn new(config: Bound<'_, CacheConfig>, device: &str, huge_pages: bool) -> PyResult<Self> {
         let device = parse_device(device)?;
-        let store = open(&config.get().0, device, huge_pages).map_err(errors::to_py)?;
+        let (store, blocks) = open(&config.get().0, device, huge_pages).map_err(errors::to_py)?;
         Ok(Self {
             store,
+            blocks,
             config: config.unbind(),
         })
     }

@@ -46,7 +46,7 @@ use super::report::{Distribution, ManagerCost, SimReport};
 use super::trace::TraceRequest;
 use crate::tier::remote::{BlockFormat, RemoteBackend, SimRemote};
 use crate::tier::{
-    BookkeepingOnly, TierHits, HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache, WritePolicy,
+    redis_backend, BookkeepingOnly, TierHits, HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache, WritePolicy,
 };
 use crate::{
     AdmitOptions, BlockManager, CacheConfig, Dtype, Error, EvictionPolicyKind, ModelGeometry,
@@ -178,22 +178,10 @@ impl SimConfig {
             write_policy: self.write_policy,
             host,
             remote,
+            ..TierOptions::default()
         };
         TieredCache::new(manager, std::sync::Arc::new(BookkeepingOnly), tiers)
     }
-}
-
-#[cfg(feature = "remote-redis")]
-fn redis_backend(spec: &str) -> Result<Box<dyn RemoteBackend>> {
-    use crate::tier::remote::{RedisOptions, RedisRemote};
-    Ok(Box::new(RedisRemote::from_spec(spec, RedisOptions::default())?))
-}
-
-#[cfg(not(feature = "remote-redis"))]
-fn redis_backend(_spec: &str) -> Result<Box<dyn RemoteBackend>> {
-    Err(Error::InvalidConfig(
-        "a Valkey/Redis remote tier needs the remote-redis feature".into(),
-    ))
 }
 
 /// Serializes a configuration enum by its CLI name.

@@ -27,7 +27,7 @@ use cudarc::driver::{result as cu, sys, CudaContext};
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
 
 use super::{
-    check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
+    check_block_io, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
     LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
 };
 use crate::codec::{Codec, ElemType};
@@ -509,7 +509,55 @@ impl CudaStore {
     /// [`LatentStore::layer_view`]).
     pub fn layer_ptr(&self, layer: usize) -> Result<sys::CUdeviceptr> {
         check_layer(&self.config, layer)?;
-        Ok(self.base + (layer * self.layer_stride) as u64)
+        Ok(self.layer_base(layer))
+    }
+
+    /// Bytes of one block in all layers (`num_layers x block_size x bytes_per_token`).
+    pub fn block_bytes(&self) -> usize {
+        self.config.num_layers * self.config.block_size * self.codec.bytes_per_token()
+    }
+
+    /// Copies block `block` of every layer, in stored format, into `out`
+    /// (`block_bytes()` bytes, layer after layer, as the host store lays
+    /// them out): device-to-host copies enqueued on `stream`, after the
+    /// work the caller enqueued there, then waited for.
+    pub fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()> {
+        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
+        let offset = (block as usize * per_layer) as u64;
+        guard("CUDA read_block", || {
+            self.bind()?;
+            let copies = out.chunks_exact_mut(per_layer).enumerate().map(|(layer, chunk)| {
+                // SAFETY: the source is inside layer `layer` (block checked); the
+                // destination outlives the copy, which `finish` waits for.
+                unsafe { cu::memcpy_dtoh_async(chunk, self.layer_base(layer) + offset, stream.0 as RawStream) }
+                    .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
+            });
+            finish(copies, stream)
+        })
+    }
+
+    /// Overwrites block `block` of every layer with `data` (as
+    /// [`CudaStore::read_block`] gives them): host-to-device copies
+    /// enqueued on `stream`, then waited for, so `data` may go once this
+    /// returns and the caller's later work on `stream` sees the block.
+    pub fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()> {
+        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
+        let offset = (block as usize * per_layer) as u64;
+        guard("CUDA write_block", || {
+            self.bind()?;
+            let copies = data.chunks_exact(per_layer).enumerate().map(|(layer, chunk)| {
+                // SAFETY: the destination is inside layer `layer` (block
+                // checked); the source outlives the copy (`finish` waits).
+                unsafe { cu::memcpy_htod_async(self.layer_base(layer) + offset, chunk, stream.0 as RawStream) }
+                    .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+            });
+            finish(copies, stream)
+        })
+    }
+
+    /// Device address of layer `layer` (in range).
+    fn layer_base(&self, layer: usize) -> sys::CUdeviceptr {
+        self.base + (layer * self.layer_stride) as u64
     }
 
     fn bind(&self) -> Result<()> {
@@ -543,6 +591,22 @@ impl CudaStore {
         }
         .map_err(|e| driver_error(&format!("launching {name}"), e))
     }
+}
+
+/// Enqueues `copies` until one fails, then waits for `stream`, whatever
+/// happened: no copy may outlive the host buffer it reads or writes.
+fn finish(copies: impl Iterator<Item = Result<()>>, stream: Stream) -> Result<()> {
+    let mut enqueued = Ok(());
+    for copy in copies {
+        if let Err(e) = copy {
+            enqueued = Err(e);
+            break;
+        }
+    }
+    // SAFETY: the caller's stream of this store's context (API contract).
+    let waited = unsafe { cu::stream::synchronize(stream.0 as RawStream) }
+        .map_err(|e| driver_error("cuStreamSynchronize", e));
+    enqueued.and(waited)
 }
 
 impl Drop for CudaStore {

@@ -15,7 +15,7 @@ use half::bf16;
 use crate::sync::RwLock;
 
 use super::{
-    check_block, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
+    check_block, check_block_io, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
     LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
 };
 use crate::codec::{Codec, Decoded, Values};
@@ -184,7 +184,7 @@ impl HostStore {
     /// Copies block `block` of every layer, in stored format, into `out`
     /// (`block_bytes()` bytes, layer after layer).
     pub fn read_block(&self, block: BlockId, out: &mut [u8]) -> Result<()> {
-        let per_layer = self.check_block_io(block, out.len())?;
+        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
         let start = block as usize * per_layer;
         for (layer, chunk) in out.chunks_exact_mut(per_layer).enumerate() {
             let _guard = self.layers[layer].read();
@@ -198,7 +198,7 @@ impl HostStore {
     /// Overwrites block `block` of every layer with `data`, in stored format
     /// (`block_bytes()` bytes, layer after layer), as [`HostStore::read_block`] gives them.
     pub fn write_block(&self, block: BlockId, data: &[u8]) -> Result<()> {
-        let per_layer = self.check_block_io(block, data.len())?;
+        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
         let start = block as usize * per_layer;
         for (layer, chunk) in data.chunks_exact(per_layer).enumerate() {
             let _guard = self.layers[layer].write();
@@ -209,17 +209,6 @@ impl HostStore {
         Ok(())
     }
 
-    /// Checks a whole-block copy; returns the block's bytes per layer.
-    fn check_block_io(&self, block: BlockId, len: usize) -> Result<usize> {
-        check_block(&self.config, block)?;
-        if len != self.block_bytes() {
-            return Err(Error::InvalidArgument(format!(
-                "a block of all layers is {} bytes, got {len}",
-                self.block_bytes()
-            )));
-        }
-        Ok(self.config.block_size * self.codec.bytes_per_token())
-    }
 
     /// The bytes of `layer`.
     ///

@@ -300,6 +300,20 @@ pub(crate) fn check_block(config: &CacheConfig, block: BlockId) -> Result<()> {
     }
 }
 
+/// Checks a copy of one whole block (all layers, `len` bytes) in or out of
+/// a store; returns the block's bytes per layer.
+pub(crate) fn check_block_io(config: &CacheConfig, codec: &Codec, block: BlockId, len: usize) -> Result<usize> {
+    check_block(config, block)?;
+    let per_layer = config.block_size * codec.bytes_per_token();
+    if len != config.num_layers * per_layer {
+        return Err(Error::InvalidArgument(format!(
+            "a block of all layers is {} bytes, got {len}",
+            config.num_layers * per_layer
+        )));
+    }
+    Ok(per_layer)
+}
+
 /// Checks `copy_blocks` pairs: ids in range, distinct destinations, no
 /// destination among the sources.
 pub(crate) fn check_copy_pairs(config: &CacheConfig, pairs: &[(BlockId, BlockId)]) -> Result<()> {

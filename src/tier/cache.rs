@@ -31,6 +31,7 @@ use super::write_policy::WritePolicy;
 use crate::error::{Error, Result};
 use crate::hash::{BlockHash, ExtraKeys};
 use crate::manager::{AdmitOptions, AppendOutcome, BlockManager};
+use crate::store::Stream;
 use crate::sync::Mutex;
 use crate::tier::remote::BlockFormat;
 use crate::{BlockId, RequestId, TokenId};
@@ -44,6 +45,10 @@ pub struct TierOptions {
     pub host: Option<HostTier>,
     /// The remote tier (L3), if any.
     pub remote: Option<RemoteTier>,
+    /// The engine's stream: block copies out of and into the device tier
+    /// are enqueued on it, after the work the engine enqueued before the
+    /// call (host device tiers ignore it).
+    pub stream: Stream,
 }
 
 /// Prompt tokens served by each tier: a leading run from the device tier,
@@ -133,6 +138,7 @@ pub struct TieredCache {
     manager: BlockManager,
     device: Arc<dyn BlockTransfer>,
     policy: WritePolicy,
+    stream: Stream,
     host: Option<HostTier>,
     remote: Option<RemoteTier>,
     /// Serializes allocating calls with the draining of their evictions.
@@ -184,6 +190,7 @@ impl TieredCache {
             manager,
             device,
             policy: options.write_policy,
+            stream: options.stream,
             host: options.host,
             remote: options.remote,
             alloc: Mutex::new(()),
@@ -271,7 +278,7 @@ impl TieredCache {
         if let Some(host) = &self.host {
             while loaded < limit {
                 let b = blocks[loaded];
-                match host.read(hashes[loaded], |bytes| self.device.write_block(b, bytes)) {
+                match host.read(hashes[loaded], |bytes| self.device.write_block(b, bytes, self.stream)) {
                     Ok(true) => loaded += 1,
                     Ok(false) => break,
                     Err(_) => {
@@ -285,7 +292,7 @@ impl TieredCache {
         if let Some(remote) = self.remote.as_ref().filter(|_| loaded < limit) {
             for value in remote.get(&hashes[loaded..limit]) {
                 let (h, b, payload) = (hashes[loaded], blocks[loaded], &value[HEADER_LEN..]);
-                if self.device.write_block(b, payload).is_err() {
+                if self.device.write_block(b, payload, self.stream).is_err() {
                     self.counters.copy_errors.fetch_add(1, Relaxed);
                     break;
                 }
@@ -480,7 +487,7 @@ impl TieredCache {
         let mut copied = 0;
         for &(h, b) in blocks {
             let value = match (&self.host, &self.remote) {
-                (Some(host), remote) => match host.insert(h, |buf| self.device.read_block(b, buf)) {
+                (Some(host), remote) => match host.insert(h, |buf| self.device.read_block(b, buf, self.stream)) {
                     Ok(false) => continue,
                     Ok(true) => {
                         copied += 1;
@@ -503,7 +510,7 @@ impl TieredCache {
                         continue;
                     }
                 },
-                (None, Some(remote)) => match remote.format().encode(h, |p| self.device.read_block(b, p)) {
+                (None, Some(remote)) => match remote.format().encode(h, |p| self.device.read_block(b, p, self.stream)) {
                     Ok(v) => {
                         copied += 1;
                         v

@@ -18,11 +18,13 @@ mod cache;
 mod directory;
 mod host;
 pub mod remote;
+mod settings;
 mod transfer;
 mod write_policy;
 
 pub use cache::{TierHits, TierOptions, TierStats, TieredAdmission, TieredCache};
 pub use host::{HostTier, HostTierStats};
 pub use remote::{RemoteOptions, RemoteTier};
+pub use settings::{check_same_blocks, redis_backend, TierSettings};
 pub use transfer::{BlockTransfer, BookkeepingOnly};
 pub use write_policy::WritePolicy;

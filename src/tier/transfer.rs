@@ -1,12 +1,17 @@
 //! Whole-block copies between the device tier's store and host memory.
 
 use crate::error::{Error, Result};
-use crate::store::HostStore;
+use crate::store::{HostStore, Stream};
 use crate::BlockId;
 
 /// A device-tier store whose blocks can be copied out and in whole: every
 /// layer of one block, in stored format, layer after layer. This is the
 /// unit the lower tiers keep.
+///
+/// Both copies are enqueued on `stream` (a GPU store's `CUstream`; host
+/// stores ignore it), so they follow the engine's earlier work on that
+/// stream, and complete before returning: the host bytes are read or
+/// written by the time the call returns.
 pub trait BlockTransfer: Send + Sync {
     /// Bytes of one block, all layers.
     fn block_bytes(&self) -> usize;
@@ -15,11 +20,11 @@ pub trait BlockTransfer: Send + Sync {
     /// guarantees nobody writes the block meanwhile (the manager's rules: a
     /// full computed block is immutable; an evicted one is untouched until
     /// its new owner's engine writes it).
-    fn read_block(&self, block: BlockId, out: &mut [u8]) -> Result<()>;
+    fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()>;
 
     /// Overwrites block `block` with `data` (`block_bytes()` bytes). The
     /// caller owns the block and nobody reads it meanwhile.
-    fn write_block(&self, block: BlockId, data: &[u8]) -> Result<()>;
+    fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()>;
 }
 
 impl BlockTransfer for HostStore {
@@ -27,12 +32,27 @@ impl BlockTransfer for HostStore {
         HostStore::block_bytes(self)
     }
 
-    fn read_block(&self, block: BlockId, out: &mut [u8]) -> Result<()> {
+    fn read_block(&self, block: BlockId, out: &mut [u8], _stream: Stream) -> Result<()> {
         HostStore::read_block(self, block, out)
     }
 
-    fn write_block(&self, block: BlockId, data: &[u8]) -> Result<()> {
+    fn write_block(&self, block: BlockId, data: &[u8], _stream: Stream) -> Result<()> {
         HostStore::write_block(self, block, data)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl BlockTransfer for crate::store::CudaStore {
+    fn block_bytes(&self) -> usize {
+        crate::store::CudaStore::block_bytes(self)
+    }
+
+    fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()> {
+        crate::store::CudaStore::read_block(self, block, out, stream)
+    }
+
+    fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()> {
+        crate::store::CudaStore::write_block(self, block, data, stream)
     }
 }
 
@@ -47,11 +67,11 @@ impl BlockTransfer for BookkeepingOnly {
         0
     }
 
-    fn read_block(&self, _block: BlockId, out: &mut [u8]) -> Result<()> {
+    fn read_block(&self, _block: BlockId, out: &mut [u8], _stream: Stream) -> Result<()> {
         empty(out.len())
     }
 
-    fn write_block(&self, _block: BlockId, data: &[u8]) -> Result<()> {
+    fn write_block(&self, _block: BlockId, data: &[u8], _stream: Stream) -> Result<()> {
         empty(data.len())
     }
 }

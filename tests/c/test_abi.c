@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "check.h"
 
@@ -760,6 +761,198 @@ static void test_store(void) {
     OK(mla_config_destroy(config));
 }
 
+/* Latents of `n` tokens named `seed`, written to every layer of `store` at
+ * the slots of request `id` of `cache`. */
+static void write_request(MlaTieredCache *cache, MlaStore *store, MlaRequestId id, size_t n,
+                          size_t seed) {
+    enum { NOPE = 512, ROPE = 64, MAX = 64 };
+    static float c_kv[MAX][NOPE], k_pe[MAX][ROPE];
+    int64_t slots[MAX];
+    size_t len = 0;
+    CHECK(n <= MAX);
+    for (size_t t = 0; t < n; t++) {
+        for (size_t i = 0; i < NOPE; i++) c_kv[t][i] = value(t + seed, i);
+        for (size_t i = 0; i < ROPE; i++) k_pe[t][i] = value(t + seed, NOPE + i);
+    }
+    OK(mla_tiered_slot_mapping(cache, id, 0, n, slots, MAX, &len));
+    CHECK(len == n);
+    MlaMatrix c = {c_kv, MLA_ELEM_TYPE_F32, n, NOPE, 0};
+    MlaMatrix k = {k_pe, MLA_ELEM_TYPE_F32, n, ROPE, 0};
+    for (size_t layer = 0; layer < 2; layer++) {
+        OK(mla_store_write(store, layer, &c, &k, slots, n, NULL));
+    }
+}
+
+/* Admits `n` tokens from `first` chunked, writes what was not loaded and
+ * commits; returns the tokens served by the tiers in `hits`. */
+static void run_request(MlaTieredCache *cache, MlaStore *store, MlaRequestId id,
+                        MlaTokenId first, size_t n, MlaTierHits *hits) {
+    MlaTokenId tokens[64];
+    MlaBlockId blocks[16];
+    size_t num_blocks = 0, cached = 0;
+    MlaAdmitOptions opts = {0};
+    opts.chunked_prefill = true;
+    fill_tokens(tokens, n, first);
+    OK(mla_tiered_admit(cache, id, tokens, n, &opts, blocks, 16, &num_blocks, &cached, hits));
+    CHECK(num_blocks == (n + BS - 1) / BS && cached == hits->device_tokens + hits->host_tokens +
+                                                            hits->remote_tokens);
+    write_request(cache, store, id, n, first);
+    OK(mla_tiered_commit(cache, id, n));
+}
+
+/* The first 12 tokens of request `id`, gathered from layer 1. */
+static void gather_request(MlaTieredCache *cache, MlaStore *store, MlaRequestId id,
+                           float out[12][576]) {
+    MlaBlockId table[16];
+    size_t len = 0;
+    OK(mla_tiered_block_table(cache, id, table, 16, &len));
+    MlaMatrix o = {out, MLA_ELEM_TYPE_F32, 12, 576, 0};
+    OK(mla_store_gather(store, 1, table, len, &o, NULL));
+}
+
+static MlaTieredCache *tiered(MlaConfig *config, MlaStore *store, const MlaTierOptions *o) {
+    MlaTieredCache *cache = NULL;
+    OK(mla_tiered_create(config, store, o, &cache));
+    return cache;
+}
+
+static void test_tiered_host(void) {
+    enum { PROMPT = 3 * BS + 1 };
+    static float before[12][576], after[12][576];
+    MlaConfig *config = small_config(8);
+    MlaStore *store = NULL;
+    OK(mla_config_set_num_layers(config, 2));
+    OK(mla_store_create_host(config, false, &store));
+    MlaTierOptions o = {0};
+    o.host_mem_bytes = 1 << 20;
+    o.write_policy = "write-through";
+    MlaTieredCache *cache = tiered(config, store, &o);
+    MlaTierHits hits;
+
+    run_request(cache, store, 1, 1000, PROMPT, &hits);
+    CHECK(hits.device_tokens == 0 && hits.host_tokens == 0 && hits.remote_tokens == 0);
+    gather_request(cache, store, 1, before);
+    MlaTierStats stats;
+    OK(mla_tiered_stats(cache, &stats));
+    CHECK(stats.has_host && !stats.has_remote && stats.host.blocks == 3);
+    CHECK(stats.written_through == 3 && stats.host.capacity_blocks > 8);
+    OK(mla_tiered_free(cache, 1));
+    /* An unrelated request of 8 blocks evicts and overwrites every block. */
+    run_request(cache, store, 2, 5000, 8 * BS, &hits);
+    OK(mla_tiered_free(cache, 2));
+
+    MlaTokenId prompt[PROMPT];
+    fill_tokens(prompt, PROMPT, 1000);
+    OK(mla_tiered_lookup(cache, prompt, PROMPT, NULL, &hits));
+    CHECK(hits.device_tokens == 0 && hits.host_tokens == 3 * BS && hits.remote_tokens == 0);
+    MlaBlockId blocks[8];
+    size_t n = 0, cached = 0;
+    OK(mla_tiered_admit(cache, 3, prompt, PROMPT, NULL, blocks, 8, &n, &cached, &hits));
+    CHECK(cached == 3 * BS && hits.host_tokens == 3 * BS && n == 4);
+    gather_request(cache, store, 3, after);
+    CHECK(memcmp(before, after, sizeof before) == 0);
+    OK(mla_tiered_fork(cache, 3, 4));
+    MlaBlockId fresh[1];
+    MlaBlockCopy copies[1];
+    size_t num_fresh = 0, num_copies = 0;
+    MlaTokenId next = 7;
+    OK(mla_tiered_append(cache, 4, &next, 1, fresh, 1, &num_fresh, copies, 1, &num_copies));
+    CHECK(num_copies == 1 && copies[0].src == blocks[3]);
+    EXPECT(mla_tiered_append(cache, 4, &next, 1, fresh, 0, &num_fresh, copies, 1, &num_copies),
+           MLA_STATUS_BUFFER_TOO_SMALL);
+    OK(mla_tiered_stats(cache, &stats));
+    CHECK(stats.host_hit_tokens == 3 * BS && stats.query_tokens == 2 * PROMPT + 8 * BS);
+    CHECK(stats.host.loads >= 3 && stats.copy_errors == 0);
+    bool done = false;
+    OK(mla_tiered_flush_remote(cache, 10, &done));
+    CHECK(done);
+    EXPECT(mla_tiered_free(cache, 99), MLA_STATUS_UNKNOWN_REQUEST);
+    EXPECT(mla_tiered_admit(cache, 3, prompt, PROMPT, NULL, blocks, 8, &n, &cached, NULL),
+           MLA_STATUS_NULL_POINTER);
+    OK(mla_tiered_destroy(cache));
+    EXPECT(mla_tiered_destroy(cache), MLA_STATUS_INVALID_HANDLE);
+    EXPECT(mla_tiered_stats(NULL, &stats), MLA_STATUS_NULL_POINTER);
+
+    /* Bad settings. */
+    MlaTieredCache *none = NULL;
+    o.write_policy = "write-around";
+    EXPECT(mla_tiered_create(config, store, &o, &none), MLA_STATUS_INVALID_ARGUMENT);
+    o.write_policy = NULL;
+    o.host_mem_bytes = 100; /* less than one block */
+    EXPECT(mla_tiered_create(config, store, &o, &none), MLA_STATUS_INVALID_CONFIG);
+    o.host_mem_bytes = 0;
+    o.remote = "redis://127.0.0.1:1/";
+#ifdef MLA_TEST_REMOTE_FEATURE
+    /* Connects lazily: a dead server is a miss, not an error. */
+    cache = tiered(config, store, &o);
+    OK(mla_tiered_lookup(cache, prompt, PROMPT, NULL, &hits));
+    CHECK(hits.remote_tokens == 0);
+    OK(mla_tiered_destroy(cache));
+#else
+    EXPECT(mla_tiered_create(config, store, &o, &none), MLA_STATUS_INVALID_CONFIG);
+    CHECK(LAST_ERROR_HAS("remote-redis"));
+#endif
+    o.remote = NULL;
+    OK(mla_config_set_num_blocks(config, 9));
+    EXPECT(mla_tiered_create(config, store, &o, &none), MLA_STATUS_INVALID_CONFIG);
+    CHECK(none == NULL);
+    OK(mla_store_destroy(store));
+    OK(mla_config_destroy(config));
+}
+
+/* Two nodes share blocks through the Valkey/Redis server named by
+ * MLA_CACHE_REDIS_URL (scripts/redis.sh start). */
+static void test_tiered_remote(void) {
+    const char *url = getenv("MLA_CACHE_REDIS_URL");
+    const char *required = getenv("MLA_CACHE_REQUIRE_REDIS");
+#ifndef MLA_TEST_REMOTE_FEATURE
+    url = NULL;
+#endif
+    if (url == NULL || *url == '\0') {
+        CHECK(required == NULL || strcmp(required, "1") != 0);
+        printf("test_tiered_remote: no remote tier (feature or MLA_CACHE_REDIS_URL): not run\n");
+        return;
+    }
+    static float before[12][576], after[12][576];
+    char namespace_[64];
+    snprintf(namespace_, sizeof namespace_, "c-test-%ld-%ld-%lx", (long)time(NULL), (long)clock(),
+             (unsigned long)(uintptr_t)namespace_);
+    MlaConfig *config = small_config(8);
+    OK(mla_config_set_num_layers(config, 2));
+    MlaStore *store_a = NULL, *store_b = NULL;
+    OK(mla_store_create_host(config, false, &store_a));
+    OK(mla_store_create_host(config, false, &store_b));
+    MlaTierOptions o = {0};
+    o.remote = url;
+    o.remote_namespace = namespace_;
+    o.lookup_budget_us = 2000000;
+    MlaTieredCache *a = tiered(config, store_a, &o);
+    o.host_mem_bytes = 1 << 20;
+    MlaTieredCache *b = tiered(config, store_b, &o);
+    MlaTierHits hits;
+    run_request(a, store_a, 1, 3000, 3 * BS + 1, &hits);
+    gather_request(a, store_a, 1, before);
+    bool done = false;
+    OK(mla_tiered_flush_remote(a, 5000, &done));
+    CHECK(done);
+    MlaTokenId prompt[3 * BS + 1];
+    fill_tokens(prompt, 3 * BS + 1, 3000);
+    MlaBlockId blocks[8];
+    size_t n = 0, cached = 0;
+    OK(mla_tiered_admit(b, 1, prompt, 3 * BS + 1, NULL, blocks, 8, &n, &cached, &hits));
+    CHECK(hits.remote_tokens == 3 * BS && cached == 3 * BS);
+    gather_request(b, store_b, 1, after);
+    CHECK(memcmp(before, after, sizeof before) == 0);
+    MlaTierStats stats;
+    OK(mla_tiered_stats(b, &stats));
+    CHECK(stats.has_remote && stats.remote.hit_blocks == 3 && stats.host.blocks == 3);
+    OK(mla_tiered_destroy(a));
+    OK(mla_tiered_destroy(b));
+    OK(mla_store_destroy(store_a));
+    OK(mla_store_destroy(store_b));
+    OK(mla_config_destroy(config));
+}
+
 int main(void) {
     test_version_and_status();
     test_config();
@@ -769,5 +962,7 @@ int main(void) {
     test_pins_reset_events();
     test_manager_handles();
     test_store();
+    test_tiered_host();
+    test_tiered_remote();
     return CHECK_SUMMARY("test_abi");
 }

@@ -27,7 +27,7 @@ pub fn cache(
     let store = Arc::new(HostStore::new(&config).unwrap());
     let host = host_blocks.map(|n| HostTier::new(store.block_bytes(), n).unwrap());
     let manager = BlockManager::new(config).unwrap();
-    let tiers = TierOptions { write_policy: policy, host, remote };
+    let tiers = TierOptions { write_policy: policy, host, remote, ..TierOptions::default() };
     (TieredCache::new(manager, store.clone(), tiers).unwrap(), store)
 }
 
