@@ -28,6 +28,7 @@ pub use value::{BlockFormat, Rejected, HEADER_LEN};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -121,28 +122,48 @@ type Reply<T> = mpsc::Sender<T>;
 
 enum Job {
     /// Values of the leading run of hashes that are present and valid.
-    Get { hashes: Vec<BlockHash>, deadline: Instant, reply: Reply<Vec<Vec<u8>>> },
+    Get {
+        hashes: Vec<BlockHash>,
+        deadline: Instant,
+        reply: Reply<Vec<Vec<u8>>>,
+    },
     /// Length of the leading run of hashes that are present.
-    Exists { hashes: Vec<BlockHash>, deadline: Instant, reply: Reply<usize> },
-    Put { entries: Vec<(BlockHash, Vec<u8>)> },
-    Flush { reply: Reply<()> },
+    Exists {
+        hashes: Vec<BlockHash>,
+        deadline: Instant,
+        reply: Reply<usize>,
+    },
+    Put {
+        entries: Vec<(BlockHash, Vec<u8>)>,
+    },
+    Flush {
+        reply: Reply<()>,
+    },
 }
 
 /// The remote tier: a worker thread owning a [`RemoteBackend`], fed through
-/// a bounded queue. `Send + Sync`.
+/// a bounded queue. `Send + Sync`. Dropping it lets the worker finish the
+/// queued writes and joins it, so no thread outlives the tier.
 #[derive(Debug)]
 pub struct RemoteTier {
     format: BlockFormat,
     options: RemoteOptions,
     jobs: SyncSender<Job>,
     counters: Arc<Counters>,
+    worker: Option<JoinHandle<()>>,
 }
 
 impl RemoteTier {
     /// Starts the worker for `backend`, holding blocks of `format`.
-    pub fn new(backend: Box<dyn RemoteBackend>, format: BlockFormat, options: RemoteOptions) -> Result<Self> {
+    pub fn new(
+        backend: Box<dyn RemoteBackend>,
+        format: BlockFormat,
+        options: RemoteOptions,
+    ) -> Result<Self> {
         if options.queue_depth == 0 {
-            return Err(Error::InvalidConfig("the remote queue depth must be at least 1".into()));
+            return Err(Error::InvalidConfig(
+                "the remote queue depth must be at least 1".into(),
+            ));
         }
         let (jobs, rx) = mpsc::sync_channel(options.queue_depth);
         let counters = Arc::new(Counters::default());
@@ -152,11 +173,17 @@ impl RemoteTier {
             prefix: format.key_prefix(&options.namespace),
             counters: Arc::clone(&counters),
         };
-        std::thread::Builder::new()
+        let worker = std::thread::Builder::new()
             .name("mla-cache-remote".into())
             .spawn(move || worker.run(rx))
             .map_err(|e| Error::Storage(format!("cannot start the remote tier's worker: {e}")))?;
-        Ok(Self { format, options, jobs, counters })
+        Ok(Self {
+            format,
+            options,
+            jobs,
+            counters,
+            worker: Some(worker),
+        })
     }
 
     /// The block format values carry.
@@ -179,9 +206,15 @@ impl RemoteTier {
         }
         let n = hashes.len() as u64;
         let found = self
-            .ask(|deadline, reply| Job::Get { hashes: hashes.to_vec(), deadline, reply })
+            .ask(|deadline, reply| Job::Get {
+                hashes: hashes.to_vec(),
+                deadline,
+                reply,
+            })
             .unwrap_or_default();
-        self.counters.miss_blocks.fetch_add(n - found.len() as u64, Relaxed);
+        self.counters
+            .miss_blocks
+            .fetch_add(n - found.len() as u64, Relaxed);
         found
     }
 
@@ -191,8 +224,12 @@ impl RemoteTier {
         if hashes.is_empty() {
             return 0;
         }
-        self.ask(|deadline, reply| Job::Exists { hashes: hashes.to_vec(), deadline, reply })
-            .unwrap_or(0)
+        self.ask(|deadline, reply| Job::Exists {
+            hashes: hashes.to_vec(),
+            deadline,
+            reply,
+        })
+        .unwrap_or(0)
     }
 
     /// Queues values (from [`BlockFormat::encode`]) for writing; drops them
@@ -201,7 +238,10 @@ impl RemoteTier {
         if entries.is_empty() {
             return;
         }
-        let (n, bytes) = (entries.len() as u64, entries.iter().map(|e| e.1.len() as u64).sum::<u64>());
+        let (n, bytes) = (
+            entries.len() as u64,
+            entries.iter().map(|e| e.1.len() as u64).sum::<u64>(),
+        );
         match self.jobs.try_send(Job::Put { entries }) {
             Ok(()) => {
                 self.counters.put_blocks.fetch_add(n, Relaxed);
@@ -229,7 +269,8 @@ impl RemoteTier {
                 Err(_) => return false,
             }
         }
-        rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_ok()
+        rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
     }
 
     /// A snapshot of the counters.
@@ -270,6 +311,16 @@ impl RemoteTier {
     }
 }
 
+impl Drop for RemoteTier {
+    fn drop(&mut self) {
+        // Disconnect the queue (the worker drains what is queued, then stops).
+        self.jobs = mpsc::sync_channel(0).0;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
 /// The worker thread's state.
 struct Worker {
     backend: Box<dyn RemoteBackend>,
@@ -284,14 +335,22 @@ impl Worker {
     fn run(mut self, jobs: Receiver<Job>) {
         while let Ok(job) = jobs.recv() {
             match job {
-                Job::Get { hashes, deadline, reply } => {
+                Job::Get {
+                    hashes,
+                    deadline,
+                    reply,
+                } => {
                     if Instant::now() < deadline {
                         if let Some(found) = self.get(&hashes) {
                             let _ = reply.send(found);
                         }
                     }
                 }
-                Job::Exists { hashes, deadline, reply } => {
+                Job::Exists {
+                    hashes,
+                    deadline,
+                    reply,
+                } => {
                     if Instant::now() < deadline {
                         if let Some(n) = self.exists(&hashes) {
                             let _ = reply.send(n);
@@ -329,10 +388,14 @@ impl Worker {
                 self.counters.rejected.fetch_add(1, Relaxed);
                 break;
             }
-            self.counters.get_bytes.fetch_add(value.len() as u64, Relaxed);
+            self.counters
+                .get_bytes
+                .fetch_add(value.len() as u64, Relaxed);
             found.push(value);
         }
-        self.counters.hit_blocks.fetch_add(found.len() as u64, Relaxed);
+        self.counters
+            .hit_blocks
+            .fetch_add(found.len() as u64, Relaxed);
         Some(found)
     }
 

@@ -89,7 +89,9 @@ impl RedisRemote {
     /// rest are discovered). Credentials and TLS come from the first URL.
     pub fn cluster(urls: &[&str], options: RedisOptions) -> Result<Self> {
         if urls.is_empty() {
-            return Err(Error::InvalidConfig("a cluster needs at least one node URL".into()));
+            return Err(Error::InvalidConfig(
+                "a cluster needs at least one node URL".into(),
+            ));
         }
         let client = ClusterClient::builder(urls.to_vec())
             .connection_timeout(options.connect_timeout)
@@ -111,7 +113,12 @@ impl RedisRemote {
     }
 
     fn with_target(target: Target, options: RedisOptions) -> Self {
-        Self { target, options, conn: None, retry_at: None }
+        Self {
+            target,
+            options,
+            conn: None,
+            retry_at: None,
+        }
     }
 
     /// The open connection, connecting when none is and the retry interval has passed.
@@ -122,11 +129,13 @@ impl RedisRemote {
             }
             let io = Some(self.options.io_timeout);
             let opened: RedisResult<Conn> = match &self.target {
-                Target::Single(client) => client.get_connection_with_timeout(self.options.connect_timeout).and_then(|c| {
-                    c.set_read_timeout(io)?;
-                    c.set_write_timeout(io)?;
-                    Ok(Conn::Single(c))
-                }),
+                Target::Single(client) => client
+                    .get_connection_with_timeout(self.options.connect_timeout)
+                    .and_then(|c| {
+                        c.set_read_timeout(io)?;
+                        c.set_write_timeout(io)?;
+                        Ok(Conn::Single(c))
+                    }),
                 Target::Cluster(client) => client.get_connection().and_then(|c| {
                     c.set_read_timeout(io)?;
                     c.set_write_timeout(io)?;

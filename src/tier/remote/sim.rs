@@ -55,7 +55,10 @@ impl Inner {
             return false;
         };
         let old = std::mem::replace(&mut entry.0, tick);
-        let k = self.recency.remove(&old).expect("every value has a recency");
+        let k = self
+            .recency
+            .remove(&old)
+            .expect("every value has a recency");
         self.recency.insert(tick, k);
         true
     }
@@ -102,12 +105,16 @@ mod tests {
         let mut a = SimRemote::new(2);
         let mut b = a.clone();
         let k = |s: &str| s.as_bytes().to_vec();
-        a.put_if_absent(&[(k("x"), k("1")), (k("y"), k("2"))]).unwrap();
+        a.put_if_absent(&[(k("x"), k("1")), (k("y"), k("2"))])
+            .unwrap();
         b.put_if_absent(&[(k("x"), k("other"))]).unwrap();
         assert_eq!(b.get(&[k("x")]).unwrap(), vec![Some(k("1"))]);
         // x was used after y: y goes first.
         a.put_if_absent(&[(k("z"), k("3"))]).unwrap();
-        assert_eq!(b.exists(&[k("x"), k("y"), k("z")]).unwrap(), vec![true, false, true]);
+        assert_eq!(
+            b.exists(&[k("x"), k("y"), k("z")]).unwrap(),
+            vec![true, false, true]
+        );
         assert_eq!(a.len(), 2);
     }
 }

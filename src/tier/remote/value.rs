@@ -63,7 +63,10 @@ impl BlockFormat {
     }
 
     fn dtype_code(&self) -> u8 {
-        Dtype::ALL.iter().position(|&d| d == self.dtype).expect("listed") as u8
+        Dtype::ALL
+            .iter()
+            .position(|&d| d == self.dtype)
+            .expect("listed") as u8
     }
 
     /// Bytes of a whole value.
@@ -95,7 +98,11 @@ impl BlockFormat {
 
     /// A value for block `hash`: header, then the payload that `fill` writes
     /// (`payload_len` bytes). The checksum is computed after `fill`.
-    pub fn encode<E>(&self, hash: BlockHash, fill: impl FnOnce(&mut [u8]) -> Result<(), E>) -> Result<Vec<u8>, E> {
+    pub fn encode<E>(
+        &self,
+        hash: BlockHash,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Vec<u8>, E> {
         let mut value = vec![0u8; self.value_len()];
         value[..20].copy_from_slice(&self.geometry());
         value[20..36].copy_from_slice(&hash.0.to_le_bytes());
@@ -178,14 +185,20 @@ mod tests {
         assert_eq!(value.len(), HEADER_LEN + 27 * 64 * 528);
         assert_eq!(f.check(h, &value), Ok(()));
         assert_eq!(f.check(BlockHash(1), &value), Err(Rejected::OtherBlock));
-        assert_eq!(f.check(h, &value[..value.len() - 1]), Err(Rejected::Truncated));
+        assert_eq!(
+            f.check(h, &value[..value.len() - 1]),
+            Err(Rejected::Truncated)
+        );
         assert_eq!(f.check(h, &value[..10]), Err(Rejected::Truncated));
         for at in [0, 6, 9, 40, 47, HEADER_LEN, value.len() - 1] {
             let mut bad = value.clone();
             bad[at] ^= 0x10;
             assert!(f.check(h, &bad).is_err(), "flip at {at} accepted");
         }
-        let other = BlockFormat { dtype: Dtype::Fp8DsMla, ..f };
+        let other = BlockFormat {
+            dtype: Dtype::Fp8DsMla,
+            ..f
+        };
         assert_eq!(other.check(h, &value), Err(Rejected::OtherFormat));
         assert_ne!(f.key_prefix("a"), f.key_prefix("b"));
         assert_ne!(f.key_prefix("a"), other.key_prefix("a"));
