@@ -15,7 +15,8 @@
 //! - only full, computed blocks are hashed; a hashed block is in the prefix
 //!   index, and no two blocks are indexed under one hash (a duplicate stays
 //!   unhashed and is freed as such);
-//! - full blocks are immutable; a shared partial tail is copied on write.
+//! - full blocks are immutable; a shared partial tail is copied on write;
+//! - room reserved past a request's tokens is private and unhashed.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub struct BlockCopy {
     pub dst: BlockId,
 }
 
-/// The outcome of [`BlockManager::append`].
+/// The outcome of [`BlockManager::append`] and [`BlockManager::reserve`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppendOutcome {
     /// Blocks added to the end of the request's table.
