@@ -27,8 +27,8 @@
 #include <stdint.h>
 
 /**
- * Most copies one `mla_manager_append` returns (only the tail block of a
- * request can be shared and partial).
+ * Most copies one `mla_manager_append` or `mla_manager_reserve` returns
+ * (only the tail block of a request can be shared and partial).
  */
 #define MLA_MAX_COPIES_PER_APPEND 1
 
@@ -603,6 +603,12 @@ typedef struct MlaCacheStats {
      * Blocks inserted into the prefix index.
      */
     uint64_t blocks_stored;
+    /**
+     * Free blocks in the prefix index: what the eviction policy may evict
+     * (SGLang's `evictable_size`, in blocks). The other free blocks were
+     * never hashed and are reused first.
+     */
+    uint64_t evictable_blocks;
 } MlaCacheStats;
 
 /**
@@ -1257,6 +1263,42 @@ enum MlaStatus mla_manager_append(struct MlaManager *manager,
                                   size_t *num_copies);
 
 /**
+ * Grows the block table of request `id` so it has room for `total_slots`
+ * token positions (its tokens included) without adding tokens: lookahead
+ * slots for speculative decoding, addressed with `mla_manager_slot_mapping`.
+ * Never shrinks (no new block when the room is there). When the room
+ * starts inside a partial tail shared with a fork, the tail is copied
+ * first, as in `mla_manager_append`. A later append fills the room before
+ * taking blocks; a fork shares only the blocks holding tokens. All or
+ * nothing.
+ *
+ * The ids of blocks added to the end of the table go to `new_block_ids`.
+ * Capacities are checked before anything changes, against the most a call
+ * can return: `ceil(total_slots / block_size)` new ids and
+ * `MLA_MAX_COPIES_PER_APPEND` copies; below that the call fails with
+ * `MLA_STATUS_BUFFER_TOO_SMALL`, writing the needed capacities to
+ * `*num_new_block_ids` and `*num_copies`. Other failures:
+ * `MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_OUT_OF_BLOCKS`,
+ * `MLA_STATUS_REQUEST_TOO_LARGE` (more blocks than the cache has; the
+ * capacities are not checked then).
+ *
+ * # Safety
+ * `new_block_ids` and `copies` must have room for their capacities; the
+ * counts must be valid for writes.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_manager_reserve(struct MlaManager *manager,
+                                   MlaRequestId id,
+                                   size_t total_slots,
+                                   MlaBlockId *new_block_ids,
+                                   size_t new_block_ids_cap,
+                                   size_t *num_new_block_ids,
+                                   struct MlaBlockCopy *copies,
+                                   size_t copies_cap,
+                                   size_t *num_copies);
+
+/**
  * Reports that the first `num_computed_tokens` tokens of request `id` have
  * their KV written (chunked prefill); full blocks among them become
  * shareable. Progress only moves forward and cannot pass the request's
@@ -1409,6 +1451,44 @@ enum MlaStatus mla_manager_usage(const struct MlaManager *manager, double *out);
  * Thread safety: thread-safe.
  */
 enum MlaStatus mla_manager_reset_prefix_cache(struct MlaManager *manager);
+
+/**
+ * Drops the `num_block_ids` blocks `block_ids` from the prefix index
+ * (vLLM's `evict_blocks`: a KV connector reports their contents
+ * unreadable), so no later lookup finds them; writes how many left the
+ * index. A free block joins the never-hashed free list; a block in use
+ * stays with its holders but is no longer shared. Blocks not in the index
+ * are skipped. One `BlockRemoved` event per block; not counted as
+ * evictions. Fails, changing nothing, with `MLA_STATUS_INVALID_BLOCK` for
+ * an id outside the cache and `MLA_STATUS_INVALID_ARGUMENT` for a pinned
+ * block (unpin its prefix first).
+ *
+ * # Safety
+ * `block_ids` must hold `num_block_ids` ids (may be NULL when 0);
+ * `num_removed` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_manager_evict_blocks(struct MlaManager *manager,
+                                        const MlaBlockId *block_ids,
+                                        size_t num_block_ids,
+                                        size_t *num_removed);
+
+/**
+ * Evicts up to `num_blocks` free cached blocks, chosen as allocation
+ * chooses them (the policy's victims), ahead of allocating: they leave the
+ * prefix index and join the never-hashed free list. Counted, logged and
+ * announced like the evictions allocation makes. Writes how many were
+ * evicted (fewer when fewer free blocks are cached).
+ *
+ * # Safety
+ * `num_evicted` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_manager_evict(struct MlaManager *manager,
+                                 size_t num_blocks,
+                                 size_t *num_evicted);
 
 /**
  * Checks every bookkeeping invariant of the manager (for tests): returns

@@ -15,7 +15,8 @@
 //! - only full, computed blocks are hashed; a hashed block is in the prefix
 //!   index, and no two blocks are indexed under one hash (a duplicate stays
 //!   unhashed and is freed as such);
-//! - full blocks are immutable; a shared partial tail is copied on write.
+//! - full blocks are immutable; a shared partial tail is copied on write;
+//! - room reserved past a request's tokens is private and unhashed.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -85,7 +86,7 @@ pub struct BlockCopy {
     pub dst: BlockId,
 }
 
-/// The outcome of [`BlockManager::append`].
+/// The outcome of [`BlockManager::append`] and [`BlockManager::reserve`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppendOutcome {
     /// Blocks added to the end of the request's table.
@@ -491,6 +492,143 @@ impl BlockManager {
             .len())
     }
 
+    /// Grows request `id`'s table so it has room for `total_slots` token
+    /// positions (its tokens included) without adding tokens: lookahead
+    /// slots for speculative decoding (vLLM's `num_lookahead_tokens`, draft
+    /// tokens of DeepSeek's multi-token prediction), addressed with
+    /// [`BlockManager::slot_mapping`]. Never shrinks: with the room already
+    /// there it adds nothing. The room is private: when it starts inside a
+    /// partial tail shared with a fork, that tail is copied first (see
+    /// [`AppendOutcome::copies`]), so the slots can be written at once.
+    ///
+    /// Returns the blocks added to the end of the table and the copies, as
+    /// [`BlockManager::append`] does. A later `append` fills the reserved
+    /// room before taking blocks; `fork` shares only the blocks holding
+    /// tokens; `free` releases the room with the rest. All or nothing:
+    /// [`Error::OutOfBlocks`] (fits later) or [`Error::RequestTooLarge`]
+    /// (never fits) change nothing.
+    pub fn reserve(&self, id: RequestId, total_slots: usize) -> Result<AppendOutcome> {
+        let bs = self.config.block_size;
+        let mut st = self.state.lock();
+        let state = &mut *st;
+        let request = state
+            .requests
+            .get_mut(&id)
+            .ok_or(Error::UnknownRequest(id))?;
+        let needed = self.blocks_for(total_slots);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let len = request.tokens.len();
+        let grow = needed.saturating_sub(request.blocks.len());
+        let tail = len / bs;
+        let cow = total_slots > len
+            && len % bs != 0
+            && state.blocks[request.blocks[tail] as usize].ref_count > 1;
+        let fresh = grow + usize::from(cow);
+        if fresh > state.num_free {
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available: state.num_free,
+            });
+        }
+        let mut outcome = AppendOutcome::default();
+        let mut blocks = std::mem::take(&mut request.blocks);
+        if cow {
+            let src = blocks[tail];
+            let dst = self.allocate(state);
+            state.release(src);
+            blocks[tail] = dst;
+            state.stats.cow_copies += 1;
+            outcome.copies.push(BlockCopy { src, dst });
+        }
+        for _ in 0..grow {
+            let b = self.allocate(state);
+            blocks.push(b);
+            outcome.new_block_ids.push(b);
+        }
+        state
+            .requests
+            .get_mut(&id)
+            .expect("looked up above")
+            .blocks = blocks;
+        Ok(outcome)
+    }
+
+    /// Drops `blocks` from the prefix index (vLLM's `evict_blocks`: a KV
+    /// connector reports their contents unreadable), so no later lookup
+    /// finds them; one `BlockRemoved` event per block. A free block moves
+    /// from the policy's evictable set to the never-hashed free list (in the
+    /// order given); a block in use stays with its holders, who may keep
+    /// using it, but is no longer shareable and is freed as unhashed. Blocks
+    /// not in the index (never hashed, dropped before, repeated) are skipped;
+    /// blocks after a dropped one in a prefix chain stay indexed, though no
+    /// lookup reaches them through it. Not an eviction to make room: neither
+    /// counted in [`CacheStats::evictions`] nor logged for
+    /// [`BlockManager::take_evicted`] (the contents are not worth keeping).
+    ///
+    /// Returns how many blocks left the index. Fails, changing nothing, with
+    /// [`Error::InvalidBlock`] for an id outside the cache, and with
+    /// [`Error::InvalidArgument`] for a pinned block: pins are released by
+    /// prefix through the index ([`BlockManager::unpin`]), so unpin first.
+    pub fn evict_blocks(&self, blocks: &[BlockId]) -> Result<usize> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        for &b in blocks {
+            let block = st.blocks.get(b as usize).ok_or(Error::InvalidBlock(b))?;
+            if block.pins > 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "block {b} is pinned: unpin its prefix before evicting it"
+                )));
+            }
+        }
+        let mut removed = 0;
+        for &b in blocks {
+            let block = &mut st.blocks[b as usize];
+            let Some(hash) = block.hash.take() else {
+                continue;
+            };
+            let free = block.ref_count == 0;
+            self.index.remove(hash);
+            if free {
+                st.policy.remove(b);
+                st.unhashed.push_back(b);
+            }
+            st.policy.forget(b);
+            if self.config.enable_events {
+                st.events.push(CacheEvent::BlockRemoved {
+                    block_hashes: vec![hash],
+                });
+            }
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// Evicts up to `num_blocks` free cached blocks, chosen as allocation
+    /// chooses them (the policy's victims): their hashes leave the index and
+    /// they join the never-hashed free list, reused first. Counted, logged
+    /// and announced like the evictions allocation makes. For engines that
+    /// evict ahead of allocating (SGLang's `RadixCache.evict`); allocation
+    /// evicts by itself. Returns how many blocks were evicted (fewer when
+    /// fewer free blocks are cached).
+    pub fn evict(&self, num_blocks: usize) -> usize {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let mut evicted = 0;
+        while evicted < num_blocks {
+            let Some(b) = self.evict_victim(st) else {
+                break;
+            };
+            st.unhashed.push_back(b);
+            evicted += 1;
+        }
+        evicted
+    }
+
     /// Pins the cached full blocks of the prefix `tokens` under `keys`: they
     /// are neither evicted nor reused until [`BlockManager::unpin`]. Returns
     /// the tokens pinned (0 when nothing of the prefix is cached). Pins nest.
@@ -556,6 +694,7 @@ impl BlockManager {
             used_blocks: n - st.num_free as u64,
             cached_blocks: self.index.len() as u64,
             pinned_blocks: st.num_pinned as u64,
+            evictable_blocks: st.policy.len() as u64,
             ..st.stats
         }
     }
@@ -651,28 +790,33 @@ impl BlockManager {
     fn allocate(&self, st: &mut State) -> BlockId {
         let b = match st.unhashed.pop_front() {
             Some(b) => b,
-            None => {
-                let b = st.policy.evict().expect("caller checked free blocks");
-                let hash = st.blocks[b as usize]
-                    .hash
-                    .take()
-                    .expect("evictable blocks are hashed");
-                self.index.remove(hash);
-                st.stats.evictions += 1;
-                if let Some(log) = &mut st.evicted {
-                    log.push((hash, b));
-                }
-                if self.config.enable_events {
-                    st.events.push(CacheEvent::BlockRemoved {
-                        block_hashes: vec![hash],
-                    });
-                }
-                b
-            }
+            None => self.evict_victim(st).expect("caller checked free blocks"),
         };
         st.num_free -= 1;
         st.blocks[b as usize].ref_count = 1;
         b
+    }
+
+    /// Evicts the policy's victim, if any: its hash leaves the index (an
+    /// eviction: counted, logged, announced). The block stays free and
+    /// listed nowhere; the caller takes it or lists it as unhashed.
+    fn evict_victim(&self, st: &mut State) -> Option<BlockId> {
+        let b = st.policy.evict()?;
+        let hash = st.blocks[b as usize]
+            .hash
+            .take()
+            .expect("evictable blocks are hashed");
+        self.index.remove(hash);
+        st.stats.evictions += 1;
+        if let Some(log) = &mut st.evicted {
+            log.push((hash, b));
+        }
+        if self.config.enable_events {
+            st.events.push(CacheEvent::BlockRemoved {
+                block_hashes: vec![hash],
+            });
+        }
+        Some(b)
     }
 
     /// Hashes and indexes the request's full computed blocks not yet hashed.
@@ -739,6 +883,14 @@ impl BlockManager {
             }
             for &b in &r.blocks {
                 refs[b as usize] += 1;
+            }
+            for &b in &r.blocks[self.blocks_for(r.tokens.len())..] {
+                let block = &st.blocks[b as usize];
+                if block.ref_count != 1 || block.hash.is_some() {
+                    return Err(format!(
+                        "request {id}: reserved block {b} is shared or hashed"
+                    ));
+                }
             }
             let mut chain = Vec::new();
             let upto = r.num_computed / self.config.block_size;

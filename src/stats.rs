@@ -32,6 +32,10 @@ pub struct CacheStats {
     pub cow_copies: u64,
     /// Blocks inserted into the prefix index.
     pub blocks_stored: u64,
+    /// Free blocks in the prefix index: what the eviction policy may evict
+    /// (SGLang's `evictable_size`, in blocks). The other free blocks were
+    /// never hashed and are reused first.
+    pub evictable_blocks: u64,
 }
 
 impl CacheStats {

@@ -1,7 +1,9 @@
 //! Model test: random operation sequences run against the block manager and
 //! against a deliberately naive reference model (prefixes as token vectors,
 //! free queues as `VecDeque`s). Block tables must agree exactly, and the
-//! manager's invariants must hold after every step. The reference model
+//! manager's invariants must hold after every step. Operations: admit,
+//! append, fork, free, reserve (lookahead room), evict_blocks (drop given
+//! blocks from the index) and evict (ahead of allocation). The reference model
 //! encodes LRU exactly; every other policy is held to the invariants and to
 //! the counts that do not depend on which block is evicted.
 
@@ -19,6 +21,9 @@ enum Op {
     Append { id: u64, tokens: Vec<u32> },
     Fork { parent: u64, child: u64 },
     Free { id: u64 },
+    Reserve { id: u64, total: usize },
+    EvictBlocks { blocks: Vec<u32> },
+    Evict { n: usize },
 }
 
 #[derive(Default, Clone)]
@@ -182,6 +187,65 @@ impl Model {
         Ok(())
     }
 
+    fn reserve(&mut self, id: u64, total: usize) -> Result<(), Error> {
+        let r = self.reqs.get(&id).ok_or(Error::UnknownRequest(id))?;
+        let len = r.tokens.len();
+        let needed = total.div_ceil(BS);
+        if needed > BLOCKS {
+            return Err(Error::RequestTooLarge { needed, total: BLOCKS });
+        }
+        let grow = needed.saturating_sub(r.blocks.len());
+        // Slots past the tokens get written at once: a shared partial tail is copied first.
+        let cow = total > len && len % BS != 0 && self.blocks[r.blocks[len / BS] as usize].refs > 1;
+        let fresh = grow + usize::from(cow);
+        if fresh > self.free_count() {
+            return Err(Error::OutOfBlocks { needed: fresh, available: self.free_count() });
+        }
+        let mut r = self.reqs.remove(&id).unwrap();
+        if cow {
+            let dst = self.alloc();
+            self.release(r.blocks[len / BS]);
+            r.blocks[len / BS] = dst;
+            self.cow += 1;
+        }
+        for _ in 0..grow {
+            r.blocks.push(self.alloc());
+        }
+        self.reqs.insert(id, r);
+        Ok(())
+    }
+
+    fn evict_blocks(&mut self, ids: &[u32]) -> Result<usize, Error> {
+        if let Some(&b) = ids.iter().find(|&&b| b as usize >= BLOCKS) {
+            return Err(Error::InvalidBlock(b));
+        }
+        let mut removed = 0;
+        for &b in ids {
+            if let Some(key) = self.blocks[b as usize].key.take() {
+                self.cached.remove(&key);
+                if self.blocks[b as usize].refs == 0 {
+                    self.lru.retain(|&x| x != b);
+                    self.unhashed.push_back(b);
+                }
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    fn evict(&mut self, n: usize) -> usize {
+        let mut done = 0;
+        while done < n {
+            let Some(b) = self.lru.pop_front() else { break };
+            let key = self.blocks[b as usize].key.take().unwrap();
+            self.cached.remove(&key);
+            self.evictions += 1;
+            self.unhashed.push_back(b);
+            done += 1;
+        }
+        done
+    }
+
     fn free(&mut self, id: u64) -> Result<(), Error> {
         let r = self.reqs.remove(&id).ok_or(Error::UnknownRequest(id))?;
         for &b in r.blocks.iter().rev() {
@@ -203,6 +267,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..6u64, prop::collection::vec(0..3u32, 1..6)).prop_map(|(id, tokens)| Op::Append { id, tokens }),
         1 => (0..6u64, 0..6u64).prop_map(|(parent, child)| Op::Fork { parent, child }),
         2 => (0..6u64).prop_map(|id| Op::Free { id }),
+        1 => (0..6u64, 0..56usize).prop_map(|(id, total)| Op::Reserve { id, total }),
+        1 => prop::collection::vec(0..BLOCKS as u32 + 1, 0..4).prop_map(|blocks| Op::EvictBlocks { blocks }),
+        1 => (0..4usize).prop_map(|n| Op::Evict { n }),
     ]
 }
 
@@ -230,6 +297,13 @@ proptest! {
                     prop_assert_eq!(m.fork(*parent, *child), model.fork(*parent, *child), "{:?}", op);
                 }
                 Op::Free { id } => prop_assert_eq!(m.free(*id), model.free(*id), "{:?}", op),
+                Op::Reserve { id, total } => {
+                    prop_assert_eq!(m.reserve(*id, *total).map(|_| ()), model.reserve(*id, *total), "{:?}", op);
+                }
+                Op::EvictBlocks { blocks } => {
+                    prop_assert_eq!(m.evict_blocks(blocks), model.evict_blocks(blocks), "{:?}", op);
+                }
+                Op::Evict { n } => prop_assert_eq!(m.evict(*n), model.evict(*n), "{:?}", op),
             }
             if let Err(e) = m.check_invariants() {
                 prop_assert!(false, "after {:?}: {}", op, e);
@@ -241,6 +315,7 @@ proptest! {
             prop_assert_eq!(s.free_blocks as usize, model.free_count());
             prop_assert_eq!(s.free_blocks + s.used_blocks, BLOCKS as u64);
             prop_assert_eq!(s.cached_blocks as usize, model.cached.len());
+            prop_assert_eq!(s.evictable_blocks as usize, model.lru.len());
             prop_assert_eq!((s.evictions, s.cow_copies, s.prefix_hit_tokens), (model.evictions, model.cow, model.hit_tokens));
             prop_assert_eq!(s.num_requests as usize, model.reqs.len());
         }
@@ -277,10 +352,18 @@ proptest! {
                     Op::Append { id, tokens } => m.append(*id, tokens).map(|_| ()),
                     Op::Fork { parent, child } => m.fork(*parent, *child).inspect(|_| live.push(*child)),
                     Op::Free { id } => m.free(*id).inspect(|_| live.retain(|x| x != id)),
+                    Op::Reserve { id, total } => m.reserve(*id, *total).map(|_| ()),
+                    Op::EvictBlocks { blocks } => m.evict_blocks(blocks).map(|_| ()),
+                    Op::Evict { n } => {
+                        let before = m.stats().evictable_blocks;
+                        let done = m.evict(*n);
+                        prop_assert_eq!(done as u64, before.min(*n as u64));
+                        Ok(())
+                    }
                 };
                 match ok {
                     Ok(())
-                    | Err(Error::OutOfBlocks { .. } | Error::UnknownRequest(_) | Error::DuplicateRequest(_) | Error::RequestTooLarge { .. }) => {}
+                    | Err(Error::OutOfBlocks { .. } | Error::UnknownRequest(_) | Error::DuplicateRequest(_) | Error::RequestTooLarge { .. } | Error::InvalidBlock(_)) => {}
                     Err(e) => prop_assert!(false, "{}: {:?} failed: {}", kind, op, e),
                 }
                 if let Err(e) = m.check_invariants() {
@@ -289,6 +372,7 @@ proptest! {
                 let s = m.stats();
                 prop_assert_eq!(s.free_blocks + s.used_blocks, BLOCKS as u64);
                 prop_assert!(s.cached_blocks <= BLOCKS as u64);
+                prop_assert!(s.evictable_blocks <= s.free_blocks.min(s.cached_blocks));
             }
             for id in live {
                 m.free(id).unwrap();

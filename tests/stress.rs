@@ -1,5 +1,5 @@
-//! Eight threads hammer one manager with random operations, once per
-//! eviction policy; the invariants must hold at the end and every block must
+//! Eight threads hammer one manager with random operations (reserve,
+//! evict_blocks and evict among them), once per eviction policy; the invariants must hold at the end and every block must
 //! come back.
 
 use std::sync::Arc;
@@ -31,7 +31,7 @@ fn hammer(kind: EvictionPolicyKind) {
                 let mut live: Vec<u64> = Vec::new();
                 let mut next = t << 32;
                 for step in 0..20_000 {
-                    match rng.gen_range(0..10) {
+                    match rng.gen_range(0..12) {
                         0..=2 => {
                             // Shared system prompts plus a private tail.
                             let base = rng.gen_range(0..4u32) * 1000;
@@ -68,6 +68,24 @@ fn hammer(kind: EvictionPolicyKind) {
                         }
                         8 if step % 50 == 0 => {
                             let _ = m.take_events();
+                        }
+                        9 if !live.is_empty() => {
+                            // Lookahead room past the tokens.
+                            let id = live[rng.gen_range(0..live.len())];
+                            let total = m.num_tokens(id).unwrap() + rng.gen_range(0..24);
+                            match m.reserve(id, total) {
+                                Ok(_) | Err(Error::OutOfBlocks { .. } | Error::RequestTooLarge { .. }) => {}
+                                Err(e) => panic!("reserve: {e}"),
+                            }
+                        }
+                        10 if !live.is_empty() => {
+                            // Drop one block of a live table from the index, or evict ahead.
+                            if rng.gen_bool(0.5) {
+                                let table = m.block_table(live[rng.gen_range(0..live.len())]).unwrap();
+                                m.evict_blocks(&[table[rng.gen_range(0..table.len())]]).unwrap();
+                            } else {
+                                m.evict(rng.gen_range(0..4));
+                            }
                         }
                         _ if !live.is_empty() => {
                             let id = live.swap_remove(rng.gen_range(0..live.len()));

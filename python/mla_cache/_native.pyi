@@ -209,7 +209,7 @@ class PrefixMatch:
 
 @final
 class AppendOutcome:
-    """The outcome of ``BlockManager.append``."""
+    """The outcome of ``BlockManager.append`` and ``BlockManager.reserve``."""
 
     @property
     def new_block_ids(self) -> npt.NDArray[np.int32]:
@@ -295,6 +295,13 @@ class BlockManager:
         """Slot numbers (``block_id * block_size + offset``) of positions ``start .. end``."""
     def num_tokens(self, request_id: RequestId) -> int:
         """Tokens (prompt and appended) of a request."""
+    def reserve(self, request_id: RequestId, total_slots: int) -> AppendOutcome:
+        """Grows the table to room for ``total_slots`` positions without tokens
+        (lookahead slots); never shrinks; returns new blocks and copy-on-write copies."""
+    def evict_blocks(self, block_ids: Iterable[int]) -> int:
+        """Drops the given blocks from the prefix index; returns how many left it."""
+    def evict(self, num_blocks: int) -> int:
+        """Evicts up to ``num_blocks`` free cached blocks, as allocation would; returns how many."""
     def pin(
         self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
     ) -> int:

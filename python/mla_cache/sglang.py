@@ -25,10 +25,12 @@ replaces the allocator's. How the calls map:
 Differences from SGLang's tree: sharing is by whole blocks (SGLang shares at
 ``page_size`` granularity too); two blocks never hold one prefix, so a
 request keeps its own KV when another computed the same prefix meanwhile
-(its ``prefix_indices`` never change under it); eviction happens when
-allocating, least recently freed first and tail first, so free cached blocks
-count in ``available_size()`` and ``evict`` has nothing left to do; every
-call is thread-safe.
+(its ``prefix_indices`` never change under it); eviction takes free cached
+blocks least recently freed first and tail first (SGLang: leaves by last
+access), and allocation evicts by itself when the never-cached free blocks
+run out, so ``evict`` ahead of it is optional; every call is thread-safe.
+As in SGLang, ``available_size() + evictable_size()`` is what can be
+allocated now.
 """
 
 from __future__ import annotations
@@ -257,9 +259,12 @@ class RadixCache:
             return self._extend(req.rid, self._requests[req.rid], tokens)
 
     def available_size(self) -> int:
-        """Tokens that can be allocated now: every free block, cached or not
-        (the allocator's ``available_size`` in SGLang)."""
-        return self._manager.num_free_blocks * self.page_size
+        """Tokens of free pages outside the cache (the allocator's
+        ``available_size`` in SGLang). Free cached pages are in
+        ``evictable_size()``; allocation takes them too, evicting, so the sum
+        of the two can be allocated now."""
+        s = self._manager.stats()
+        return int(s["free_blocks"] - s["evictable_blocks"]) * self.page_size
 
     def cache_unfinished_req(self, req: ReqLike, chunked: bool = False) -> None:
         """After a prefill step: commits ``req.fill_ids`` so their full pages
@@ -307,9 +312,15 @@ class RadixCache:
         self.dec_lock_ref(req.last_node)
 
     def evict(self, num_tokens: int) -> None:
-        """Nothing to do: allocation evicts free cached blocks itself (least
-        recently freed first, tail first), and ``available_size()`` already
-        counts them, so SGLang's ``available < needed`` never calls this."""
+        """Evicts free cached pages until ``num_tokens`` tokens are freed or
+        none is left, as SGLang's ``evict``: they leave the cache and move
+        from ``evictable_size()`` to ``available_size()``. Least recently
+        freed first and tail first; locked pages and pages requests hold are
+        never evicted. Allocation evicts by itself, so SGLang's
+        ``evict``-then-check-``available_size()`` works, and so does not
+        calling this."""
+        if num_tokens > 0:
+            self._manager.evict(-(-num_tokens // self.page_size))
 
     def inc_lock_ref(self, node: PrefixNode) -> int:
         """Locks a prefix: its blocks are neither evicted nor reused until
@@ -338,9 +349,9 @@ class RadixCache:
             return (self._manager.num_free_blocks - before) * self.page_size
 
     def evictable_size(self) -> int:
-        """0: free cached blocks are in ``available_size()`` (SGLang adds
-        the two, so their sum is what can be allocated, as in SGLang)."""
-        return 0
+        """Tokens of cached pages that neither a request nor a lock holds:
+        what ``evict`` (or allocation) may take, as in SGLang."""
+        return int(self._manager.stats()["evictable_blocks"]) * self.page_size
 
     def protected_size(self) -> int:
         """Tokens of locked pages."""

@@ -17,19 +17,23 @@ How the calls map onto the block manager (one KV cache group, full attention):
   prompt up to just past the hit (so the manager reuses exactly the blocks
   the scheduler accepted), reserving every slot the step needs, then
   ``append`` of the rest of the step's tokens into that reserved room. Later
-  calls ``append`` the tokens the step adds (a chunk, a decoded token).
+  calls ``reserve`` the step's slots (lookahead and draft tokens included,
+  all or nothing), then ``append`` the tokens it adds (a chunk, a decoded
+  token) into that room.
   Requests are admitted with ``chunked_prefill``: ``commit`` makes blocks
   shareable when the step computing them is scheduled, which is when vLLM
   caches them (``cache_blocks``, or at once unless ``delay_cache_blocks``).
 - ``free`` is ``BlockManager.free``: tail first, blocks stay cached.
+- ``evict_blocks`` is ``BlockManager.evict_blocks``: the blocks leave the
+  prefix index; requests holding them keep them.
 
 Differences from vLLM's manager: two physical blocks are never cached under
 one hash (vLLM keeps both and announces both); the free queue is LRU with
 never-cached blocks reused first and finished requests freed tail first;
 block hashes are mla_cache's, computed in Rust (``request.block_hashes`` is
-not read); every call is thread-safe. Speculative slots (lookahead and draft
-tokens beyond ``num_tokens``) can use only room reserved at admission, and
-``evict_blocks`` needs a primitive the block manager lacks (see there).
+not read); every call is thread-safe. Slots reserved for lookahead or
+draft tokens stay with the request until it is freed (as in vLLM, where
+they stay in its block list).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from itertools import chain
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from ._native import BlockManager, CacheConfig, ExtraKeys, MultiModalKey, OutOfBlocks
 from .kv_events import KVCacheEvent, convert
@@ -315,11 +319,14 @@ class KVCacheManager:
         Then the blocks covering the request's known tokens become shareable
         unless ``delay_cache_blocks`` (``cache_blocks`` does it later).
 
+        Slots past the request's known tokens (``num_lookahead_tokens``,
+        draft tokens scheduled for verification) are reserved without tokens
+        (``BlockManager.reserve``); the blocks stay with the request, and
+        later tokens fill them first.
+
         Raises ``ValueError`` for a request that can never fit or for
-        arguments vLLM also rejects, ``RuntimeError`` if the hit was evicted
-        since ``get_computed_blocks``, and ``NotImplementedError`` when a
-        running request needs slots beyond its known tokens (speculative
-        decoding) past the room reserved at admission.
+        arguments vLLM also rejects, and ``RuntimeError`` if the hit was
+        evicted since ``get_computed_blocks``.
         """
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be positive when no computed tokens are adopted")
@@ -403,16 +410,16 @@ class KVCacheManager:
         ``AllBlocksCleared`` with vLLM's fields."""
         return convert(self._manager.take_events(), self._lora_of)
 
-    def evict_blocks(self, block_ids: Sequence[int]) -> None:
-        """vLLM drops the given blocks from the prefix cache (a KV connector
-        reports them unreadable) while requests may keep holding them. The
-        block manager cannot: it evicts only the least recently freed block
-        and never unhashes a block in use. Raises ``NotImplementedError``
-        unless ``block_ids`` is empty."""
-        if block_ids:
-            raise NotImplementedError(
-                "evicting given blocks needs BlockManager.evict_blocks, which mla_cache lacks"
-            )
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the given blocks from the prefix cache, as vLLM does when a
+        KV connector reports them unreadable: no later request hits them. A
+        free one is reused before any cached block; one that requests hold
+        stays theirs (the scheduler fails or recomputes those requests), and
+        is freed as uncached. Blocks not cached are skipped. Raises
+        ``ValueError`` (nothing changes) for an id outside the cache, where
+        vLLM asserts, or for a block pinned through ``manager.pin``."""
+        with self._lock:
+            self._manager.evict_blocks(block_ids)
 
     def _extra_keys(self, request: RequestLike) -> Optional[ExtraKeys]:
         """The keys beyond token ids that decide sharing: LoRA, salt, media."""
@@ -482,26 +489,21 @@ class KVCacheManager:
     def _grow(
         self, request: RequestLike, tracked: _Tracked, known: int, slots: int
     ) -> Optional[List[int]]:
-        """Appends a running request's new known tokens; returns its new
-        blocks, or ``None`` if they do not fit."""
-        bs = self.block_size
-        room = max(tracked.num_blocks, -(-known // bs)) * bs
-        if slots > room:
-            raise NotImplementedError(
-                f"request {request.request_id} needs {slots} slots but holds room for {room}: "
-                "slots beyond its known tokens need BlockManager.reserve, which mla_cache lacks; "
-                "reserve them at admission (decode_slots)"
-            )
-        if known <= tracked.num_tokens:
-            return []
-        try:
-            out = self._manager.append(
-                request.request_id, request.all_token_ids[tracked.num_tokens : known]
-            )
-        except OutOfBlocks:
-            return None
-        new_ids: List[int] = out.new_block_ids.tolist()
-        tracked.num_tokens = known
+        """Reserves a running request's ``slots`` (all or nothing), then
+        appends its new known tokens into that room; returns its new blocks,
+        or ``None`` (nothing changed) if they do not fit."""
+        rid = request.request_id
+        new_ids: List[int] = []
+        if -(-max(slots, known) // self.block_size) > tracked.num_blocks:
+            try:
+                reserved = self._manager.reserve(rid, max(slots, known))
+            except OutOfBlocks:
+                return None
+            new_ids = reserved.new_block_ids.tolist()
+        if known > tracked.num_tokens:
+            # Fills reserved room: takes no block (and copies none: no forks here).
+            self._manager.append(rid, request.all_token_ids[tracked.num_tokens : known])
+            tracked.num_tokens = known
         tracked.num_blocks += len(new_ids)
         return new_ids
 

@@ -108,12 +108,15 @@ def test_locks_protect_and_sizes_add_up():
     assert c.total_size() == 8
     a.output_ids.append(100)
     c.cache_finished_req(a)
-    assert c.protected_size() == 0 and c.evictable_size() == 0
-    assert c.available_size() == 32  # free cached pages count as available
+    # As SGLang's check_memory requires when idle: available + evictable
+    # == total - protected.
+    assert c.protected_size() == 0 and c.evictable_size() == 8
+    assert c.available_size() == 24
     node = c.match_prefix(RadixKey(list(range(9)))).last_device_node
     assert c.inc_lock_ref(node) == -8
     assert c.inc_lock_ref(node) == 0  # nested
     assert c.available_size() == 24 and c.protected_size() == 8
+    assert c.evictable_size() == 0
     # Filling the cache evicts around the locked pages.
     b = Req("b", list(range(100, 124)))
     admit(c, b)
@@ -193,8 +196,45 @@ def test_eviction_is_lru_tail_first_and_reported():
     assert len(c.match_prefix(RadixKey(list(range(16)))).device_indices) == 8
     removed = [e for e in c.take_events() if isinstance(e, BlockRemoved)]
     assert len(removed) == 2
-    c.evict(100)  # nothing to do: allocation evicts
     assert len(c.match_prefix(RadixKey(list(range(16)))).device_indices) == 8
+
+
+def test_evict_frees_evictable_pages_as_sglang_does():
+    c = make(num_blocks=8, enable_kv_cache_events=True)
+    a = Req("a", list(range(16)))
+    admit(c, a)
+    a.output_ids.append(99)
+    c.cache_finished_req(a)  # 4 pages cached, none locked
+    c.take_events()
+    assert (c.available_size(), c.evictable_size()) == (16, 16)
+    # SGLang's ScheduleBatch.check_decode_mem: evict when the allocator is
+    # short, then check the allocator alone.
+    need = 20
+    if c.available_size() < need:
+        c.evict(need)
+    assert c.available_size() >= need
+    # evict(20) frees at least 20 tokens: 5 pages wanted, the 4 there go,
+    # deepest first.
+    assert (c.available_size(), c.evictable_size(), c.total_size()) == (32, 0, 0)
+    removed = [e for e in c.take_events() if isinstance(e, BlockRemoved)]
+    assert len(removed) == 4
+    # Locked pages are not evicted; evict(n) takes whole pages, leaves first.
+    b = Req("b", list(range(100, 117)))
+    admit(c, b)
+    b.output_ids.append(7)
+    c.cache_finished_req(b)
+    node = c.match_prefix(RadixKey(list(range(100, 108)))).last_device_node
+    c.inc_lock_ref(node)
+    assert (c.evictable_size(), c.protected_size()) == (8, 8)
+    c.evict(1)
+    assert len(c.match_prefix(RadixKey(list(range(100, 117)))).device_indices) == 12
+    assert c.evictable_size() == 4
+    c.evict(100)
+    assert len(c.match_prefix(RadixKey(list(range(100, 117)))).device_indices) == 8
+    assert c.evictable_size() == 0 and c.available_size() == 24
+    c.dec_lock_ref(node)
+    assert c.evictable_size() == 8
+    c.manager._check_invariants()
 
 
 def test_stale_node_cannot_be_locked_or_admitted():
@@ -291,6 +331,7 @@ def test_scheduler_loop_with_shared_system_prompt():
             hits += hit
             running.append(waiting.pop(0))
         c.manager._check_invariants()
+        assert c.available_size() + c.evictable_size() == c.manager.num_free_blocks * PS
     assert hits >= 8 * 5
     assert sorted(pool.freed) == list(range(10))
     assert c.manager.num_free_blocks == 20 and c.protected_size() == 0

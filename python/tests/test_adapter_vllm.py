@@ -253,19 +253,83 @@ def test_decode_slots_reserve_room_for_generated_tokens():
         assert decode(m, req, 50 + t).get_block_ids() == ([],)
 
 
-def test_speculative_slots_beyond_reserved_room_are_refused():
-    m = make()
+def test_lookahead_slots_are_allocated_as_vllm_does():
+    """vLLM's test_allocate_with_lookahead: a step needs
+    ceil((computed + new + lookahead) / block_size) blocks in all."""
+    for new, lookahead, blocks in [(3, 2, 2), (3, 4, 2), (3, 6, 3)]:
+        m = make(num_blocks=10)
+        req = Request("a", [1, 2, 3])
+        got = m.allocate_slots(req, new, num_lookahead_tokens=lookahead)
+        assert len(got.get_block_ids()[0]) == blocks
+        m.manager._check_invariants()
+
+
+def test_speculative_decoding_reserves_draft_and_lookahead_slots():
+    m = make(num_blocks=8)
+    req = Request("a", list(range(4)))
+    schedule_prefill(m, req)  # 1 block
+    # A decode step verifying 2 draft tokens, with 2 lookahead slots for the
+    # drafter: 4 computed + 1 + 2 drafts + 2 lookahead = 9 slots, 3 blocks.
+    req.all_token_ids.append(100)
+    new = m.allocate_slots(req, 3, num_lookahead_tokens=2)
+    assert len(new.get_block_ids()[0]) == 2
+    table = m.get_block_ids("a")[0]
+    assert m.manager.num_tokens("a") == 5  # drafts are slots, not tokens
+    slots = m.manager.slot_mapping("a", 5, 9)
+    assert slots.tolist() == [table[p // BS] * BS + p % BS for p in range(5, 9)]
+    # One draft accepted plus the bonus token: they fill the reserved room.
+    req.num_computed_tokens = 5
+    req.all_token_ids += [101, 102]
+    assert m.allocate_slots(req, 2).get_block_ids() == ([],)
+    req.num_computed_tokens = 7
+    assert m.get_block_ids("a") == (table,)
+    # The block the accepted tokens filled is cached for follow-ups.
+    assert m.get_computed_blocks(Request("b", req.all_token_ids[:8] + [5]))[1] == 4
+    m.manager._check_invariants()
+
+
+def test_lookahead_that_does_not_fit_changes_nothing():
+    m = make(num_blocks=4)
     req = Request("a", list(range(4)))
     schedule_prefill(m, req)
+    schedule_prefill(m, Request("b", list(range(100, 108))))  # 1 block left
     req.all_token_ids.append(9)
-    with pytest.raises(NotImplementedError, match="reserve"):
-        m.allocate_slots(req, 1, num_lookahead_tokens=4)
-    # Within the reserved room, lookahead slots are fine.
-    r = Request("b", list(range(10, 14)))
-    m.allocate_slots(r, 4, num_lookahead_tokens=2, decode_slots=4)
-    r.num_computed_tokens = 4
-    r.all_token_ids.append(1)
-    assert m.allocate_slots(r, 1, num_lookahead_tokens=2) is not None
+    # 4 computed + 1 + 8 lookahead = 13 slots: 3 more blocks, 1 free.
+    assert m.allocate_slots(req, 1, num_lookahead_tokens=8) is None
+    assert m.manager.num_tokens("a") == 4 and m.manager.num_free_blocks == 1
+    assert m.allocate_slots(req, 1, num_lookahead_tokens=3).get_block_ids() == ([3],)
+    assert m.manager.num_tokens("a") == 5
+    m.manager._check_invariants()
+
+
+def test_evict_blocks_after_a_failed_kv_load():
+    """vLLM's scheduler, on a KV load failure with the fail policy, evicts
+    the failed block and every block after it from the prefix cache, then
+    fails the requests holding them."""
+    m = make(num_blocks=8, enable_kv_cache_events=True)
+    a = Request("a", list(range(13)))
+    schedule_prefill(m, a)  # blocks 0, 1, 2 cached, 3 partial
+    m.take_events()
+    table = m.get_block_ids("a")[0]
+    m.evict_blocks(set(table[1:]))
+    removed = [h for e in m.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert len(removed) == 2
+    # Later requests hit only the block before the failure.
+    assert m.get_computed_blocks(Request("b", list(range(13))))[1] == 4
+    assert m.get_block_ids("a") == (table,)  # a still holds its blocks
+    m.free(a)
+    # Freed, the evicted blocks are reused before the cached one.
+    new, hit = schedule_prefill(m, Request("c", list(range(500, 528))))
+    assert hit == 0 and table[0] not in new.get_block_ids()[0]
+    assert m.get_computed_blocks(Request("d", list(range(13))))[1] == 4
+    # Free cached blocks can be evicted too; unknown ids are skipped, bad ones refused.
+    m.free(Request("c", []))
+    m.evict_blocks([table[0]])
+    assert m.get_computed_blocks(Request("d", list(range(13))))[1] == 0
+    m.evict_blocks(set())
+    with pytest.raises(ValueError, match="invalid block id"):
+        m.evict_blocks({8})
+    m.manager._check_invariants()
 
 
 def test_stale_hit_is_an_error_not_silent_reuse():
@@ -351,9 +415,6 @@ def test_block_objects_and_results_behave_like_vllms():
     assert new.get_block_ids(group_ids=[0]) == ([0, 1, 2],)
     assert m.get_num_common_prefix_blocks("a") == [0]
     assert m.get_block_ids("unknown") == ([],)
-    with pytest.raises(NotImplementedError, match="evict_blocks"):
-        m.evict_blocks({0})
-    m.evict_blocks(set())
 
 
 def test_caching_disabled_shares_nothing():

@@ -267,6 +267,7 @@ def test_stats_dict(manager):
     assert (s["prefix_query_requests"], s["prefix_hit_requests"]) == (2, 1)
     assert s["usage"] == pytest.approx(3 / 16) and s["hit_rate"] == pytest.approx(0.25)
     assert s["evictions"] == 0 and s["blocks_stored"] == 2 and s["pinned_blocks"] == 0
+    assert s["evictable_blocks"] == 0
     assert "BlockManager(num_blocks=16" in repr(manager)
 
 
@@ -328,3 +329,67 @@ def test_results_are_read_only(manager):
     a = manager.admit(1, [1])
     with pytest.raises(AttributeError):
         a.num_cached_tokens = 3
+
+
+def test_reserve_grows_the_table_without_tokens(manager):
+    manager.admit("a", toks(0, 5))
+    out = manager.reserve("a", 11)  # room for 6 lookahead slots: 3 blocks
+    assert isinstance(out, mla_cache.AppendOutcome)
+    assert out.new_block_ids.dtype == np.int32 and len(out.new_block_ids) == 1
+    assert len(out.copies) == 0
+    assert manager.num_tokens("a") == 5
+    assert manager.block_table("a").tolist()[-1] == out.new_block_ids[0]
+    assert len(manager.slot_mapping("a", 5, 12)) == 7
+    assert len(manager.reserve("a", 3).new_block_ids) == 0  # never shrinks
+    with pytest.raises(ValueError, match="needs 17 blocks"):
+        manager.reserve("a", 65)
+    with pytest.raises(KeyError):
+        manager.reserve("b", 4)
+    manager.admit("big", toks(100, 149))  # 13 blocks: 0 left
+    with pytest.raises(OutOfBlocks):
+        manager.reserve("a", 13)
+    # The reserved room is filled before a block is taken.
+    assert len(manager.append("a", toks(5, 12)).new_block_ids) == 0
+    manager._check_invariants()
+
+
+def test_reserve_copies_a_tail_shared_with_a_fork(manager):
+    manager.admit("p", toks(0, 6))
+    manager.fork("p", "c")
+    out = manager.reserve("c", 8)
+    [(src, dst)] = out.copies
+    assert src == manager.block_table("p")[1] and dst == manager.block_table("c")[1]
+    manager._check_invariants()
+
+
+def test_evict_blocks_drops_blocks_from_the_index(manager):
+    a = manager.admit("a", toks(0, 9)).block_ids
+    manager.take_events()
+    # A set, as vLLM passes; the partial block is not cached and is skipped.
+    assert manager.evict_blocks({int(a[1]), int(a[2])}) == 1
+    assert [type(e).__name__ for e in manager.take_events()] == ["BlockRemoved"]
+    assert manager.match_prefix(toks(0, 9)).num_tokens == 4
+    assert manager.block_table("a").tolist() == a.tolist()  # still held
+    assert manager.evict_blocks(np.array([a[1]], dtype=np.int64)) == 0
+    with pytest.raises(ValueError, match="invalid block id 16"):
+        manager.evict_blocks([a[0], 16])
+    assert manager.pin(toks(0, 4)) == 4
+    with pytest.raises(ValueError, match="pinned"):
+        manager.evict_blocks([a[0]])
+    assert manager.stats()["cached_blocks"] == 1
+    manager._check_invariants()
+
+
+def test_evict_and_evictable_blocks(manager):
+    manager.admit("a", toks(0, 13))
+    manager.free("a")
+    s = manager.stats()
+    assert (s["evictable_blocks"], s["cached_blocks"], s["free_blocks"]) == (3, 3, 16)
+    assert manager.evict(2) == 2  # tail first, as allocation would
+    assert manager.match_prefix(toks(0, 13)).num_tokens == 4
+    assert manager.evict(5) == 1
+    s = manager.stats()
+    assert (s["evictable_blocks"], s["evictions"]) == (0, 3)
+    with pytest.raises((OverflowError, ValueError)):
+        manager.evict(-1)
+    manager._check_invariants()

@@ -368,9 +368,83 @@ pub(crate) unsafe fn append_into(
     }
 }
 
-/// Most copies one `mla_manager_append` returns (only the tail block of a
-/// request can be shared and partial).
+/// Most copies one `mla_manager_append` or `mla_manager_reserve` returns
+/// (only the tail block of a request can be shared and partial).
 pub const MLA_MAX_COPIES_PER_APPEND: usize = 1;
+
+/// Grows the block table of request `id` so it has room for `total_slots`
+/// token positions (its tokens included) without adding tokens: lookahead
+/// slots for speculative decoding, addressed with `mla_manager_slot_mapping`.
+/// Never shrinks (no new block when the room is there). When the room
+/// starts inside a partial tail shared with a fork, the tail is copied
+/// first, as in `mla_manager_append`. A later append fills the room before
+/// taking blocks; a fork shares only the blocks holding tokens. All or
+/// nothing.
+///
+/// The ids of blocks added to the end of the table go to `new_block_ids`.
+/// Capacities are checked before anything changes, against the most a call
+/// can return: `ceil(total_slots / block_size)` new ids and
+/// `MLA_MAX_COPIES_PER_APPEND` copies; below that the call fails with
+/// `MLA_STATUS_BUFFER_TOO_SMALL`, writing the needed capacities to
+/// `*num_new_block_ids` and `*num_copies`. Other failures:
+/// `MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_OUT_OF_BLOCKS`,
+/// `MLA_STATUS_REQUEST_TOO_LARGE` (more blocks than the cache has; the
+/// capacities are not checked then).
+///
+/// # Safety
+/// `new_block_ids` and `copies` must have room for their capacities; the
+/// counts must be valid for writes.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_reserve(
+    manager: *mut MlaManager,
+    id: MlaRequestId,
+    total_slots: usize,
+    new_block_ids: *mut MlaBlockId,
+    new_block_ids_cap: usize,
+    num_new_block_ids: *mut usize,
+    copies: *mut MlaBlockCopy,
+    copies_cap: usize,
+    num_copies: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_reserve", || {
+        let new_out = OutBuf::new(
+            new_block_ids,
+            new_block_ids_cap,
+            num_new_block_ids,
+            "new_block_ids",
+        )?;
+        let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
+        with(manager, |m| {
+            let most_new = total_slots.div_ceil(m.config().block_size);
+            // Past the cache's size the manager refuses (REQUEST_TOO_LARGE) anyway.
+            if most_new <= m.config().num_blocks
+                && (most_new > new_block_ids_cap || copies_cap < MLA_MAX_COPIES_PER_APPEND)
+            {
+                // SAFETY: per the contract.
+                unsafe {
+                    new_out.set_len(most_new);
+                    copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
+                }
+                return Err(Failure::new(
+                    MlaStatus::BufferTooSmall,
+                    format!(
+                        "reserving {total_slots} slots needs room for {most_new} new block ids \
+                         and {MLA_MAX_COPIES_PER_APPEND} copy, got {new_block_ids_cap} and {copies_cap}"
+                    ),
+                ));
+            }
+            let outcome = m.reserve(id, total_slots)?;
+            // SAFETY: per the contract.
+            unsafe {
+                new_out.fill(&outcome.new_block_ids)?;
+                copies_out.fill(&outcome.copies)?;
+            }
+            Ok(())
+        })
+    })
+}
 
 /// Reports that the first `num_computed_tokens` tokens of request `id` have
 /// their KV written (chunked prefill); full blocks among them become
@@ -611,6 +685,63 @@ pub unsafe extern "C" fn mla_manager_usage(manager: *const MlaManager, out: *mut
 pub extern "C" fn mla_manager_reset_prefix_cache(manager: *mut MlaManager) -> MlaStatus {
     guard("mla_manager_reset_prefix_cache", || {
         with(manager, |m| Ok(m.reset_prefix_cache()?))
+    })
+}
+
+/// Drops the `num_block_ids` blocks `block_ids` from the prefix index
+/// (vLLM's `evict_blocks`: a KV connector reports their contents
+/// unreadable), so no later lookup finds them; writes how many left the
+/// index. A free block joins the never-hashed free list; a block in use
+/// stays with its holders but is no longer shared. Blocks not in the index
+/// are skipped. One `BlockRemoved` event per block; not counted as
+/// evictions. Fails, changing nothing, with `MLA_STATUS_INVALID_BLOCK` for
+/// an id outside the cache and `MLA_STATUS_INVALID_ARGUMENT` for a pinned
+/// block (unpin its prefix first).
+///
+/// # Safety
+/// `block_ids` must hold `num_block_ids` ids (may be NULL when 0);
+/// `num_removed` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_evict_blocks(
+    manager: *mut MlaManager,
+    block_ids: *const MlaBlockId,
+    num_block_ids: usize,
+    num_removed: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_evict_blocks", || {
+        // SAFETY: per the contract, for every pointer below.
+        let block_ids = unsafe { input(block_ids, num_block_ids, "block_ids") }?;
+        let out = Out::new(num_removed, "num_removed")?;
+        let n = with(manager, |m| Ok(m.evict_blocks(block_ids)?))?;
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Evicts up to `num_blocks` free cached blocks, chosen as allocation
+/// chooses them (the policy's victims), ahead of allocating: they leave the
+/// prefix index and join the never-hashed free list. Counted, logged and
+/// announced like the evictions allocation makes. Writes how many were
+/// evicted (fewer when fewer free blocks are cached).
+///
+/// # Safety
+/// `num_evicted` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_evict(
+    manager: *mut MlaManager,
+    num_blocks: usize,
+    num_evicted: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_evict", || {
+        let out = Out::new(num_evicted, "num_evicted")?;
+        let n = with(manager, |m| Ok(m.evict(num_blocks)))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(n) };
+        Ok(())
     })
 }
 

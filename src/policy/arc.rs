@@ -168,6 +168,12 @@ impl EvictionPolicy for AdaptiveReplacement {
         self.set_class(block, Class::Reused);
     }
 
+    fn forget(&mut self, block: BlockId) {
+        // Dropped, not evicted: no ghost, so its return moves no target.
+        debug_assert!(!self.once.contains(block) && !self.reused.contains(block));
+        self.set_class(block, Class::Uncached);
+    }
+
     fn len(&self) -> usize {
         self.once.len() + self.reused.len()
     }
@@ -249,9 +255,25 @@ mod tests {
         assert_eq!(p.evict(), Some(1));
     }
 
+    #[test]
+    fn a_dropped_block_is_forgotten_without_a_ghost() {
+        let mut p = AdaptiveReplacement::new(4);
+        store_free(&mut p, 0, 10);
+        p.on_store(1, h(11)); // in use
+        p.remove(0);
+        p.forget(0);
+        p.forget(1);
+        assert_eq!((p.len(), p.cached_once, p.cached_reused), (0, 0, 0));
+        // Stored again, neither counts as coming back from a ghost list.
+        store_free(&mut p, 0, 10);
+        store_free(&mut p, 1, 11);
+        assert_eq!((p.target, p.class[0], p.class[1]), (0, Class::Once, Class::Once));
+        assert_eq!(p.evict(), Some(0));
+    }
+
     proptest! {
-        /// ARC's rules hold after any sequence of stores, releases, hits and
-        /// evictions: the class counts match the blocks, the target stays in
+        /// ARC's rules hold after any sequence of stores, releases, hits,
+        /// drops and evictions: the class counts match the blocks, the target stays in
         /// range, and each victim comes from the list the rule names.
         #[test]
         fn the_rules_hold_on_random_sequences(
@@ -288,6 +310,20 @@ mod tests {
                         p.remove(b);
                         p.on_hit(b);
                         held.push(b);
+                    }
+                    3 if p.len() + held.len() > 0 => {
+                        // Dropped on request: a held block, or an evictable one (removed first).
+                        let evictable: Vec<BlockId> = p.once.iter().chain(p.reused.iter()).collect();
+                        let i = pick % (evictable.len() + held.len());
+                        let b = if i < held.len() {
+                            held.swap_remove(i)
+                        } else {
+                            let b = evictable[i - held.len()];
+                            p.remove(b);
+                            b
+                        };
+                        p.forget(b);
+                        free.push(b);
                     }
                     _ => {}
                 }

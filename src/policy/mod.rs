@@ -18,6 +18,9 @@
 //!   on_store(b, h) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
 //!                        ▲   on_hit(b)            │
 //!                        └──────── remove(b) ◀────┘  (a hit revives it)
+//!
+//!   forget(b): b left the index on request (`BlockManager::evict_blocks`),
+//!              in use or free (then after remove(b)); it is as if never stored.
 //! ```
 
 mod arc;
@@ -48,6 +51,10 @@ use crate::BlockId;
 ///   manager drops its hash from the index. Returns `None` only when empty.
 /// - [`on_hit`](Self::on_hit)`(b)`: an admission reused `b` (after `remove`
 ///   when it was free).
+/// - [`forget`](Self::forget)`(b)`: `b` left the prefix index without being
+///   chosen by `evict` (the manager's caller dropped it); if it was
+///   evictable, `remove(b)` came first. `b` is uncached from then on, as if
+///   never stored, until its next `on_store`.
 ///
 /// A block is evictable between `insert` and `remove`/`evict`, and only
 /// then. Every method is called with the manager's lock held, so
@@ -67,6 +74,9 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     fn evict(&mut self) -> Option<BlockId>;
     /// A request hit `block` (free or not). Frequency-aware policies count it.
     fn on_hit(&mut self, _block: BlockId) {}
+    /// `block` left the prefix index on request, not by [`evict`](Self::evict);
+    /// it is not evictable. Policies that keep state per cached block drop it.
+    fn forget(&mut self, _block: BlockId) {}
     /// Number of evictable blocks.
     fn len(&self) -> usize;
     /// True when nothing can be evicted.
@@ -99,6 +109,8 @@ mod tests {
         Release(usize),
         /// Hit a block: revive it when evictable (by index into all cached ones).
         Hit(usize),
+        /// Drop a cached block from the index on request (by index into all cached ones).
+        Drop(usize),
         Evict,
     }
 
@@ -107,6 +119,7 @@ mod tests {
             3 => (0..24u8).prop_map(Op::Store),
             3 => any::<usize>().prop_map(Op::Release),
             2 => any::<usize>().prop_map(Op::Hit),
+            1 => any::<usize>().prop_map(Op::Drop),
             2 => Just(Op::Evict),
         ]
     }
@@ -123,6 +136,8 @@ mod tests {
                 prop_assert_eq!(p.name(), kind.name());
                 let mut never: Vec<BlockId> = (0..BLOCKS as BlockId).collect();
                 let mut held: Vec<BlockId> = Vec::new();
+                // Held blocks dropped from the index: released to `never`, not to the policy.
+                let mut dropped: BTreeSet<BlockId> = BTreeSet::new();
                 let mut evictable: BTreeSet<BlockId> = BTreeSet::new();
                 for op in &ops {
                     match *op {
@@ -144,12 +159,21 @@ mod tests {
                             let b = held.swap_remove(i % held.len());
                             // A block may be held twice (shared): release once per hold.
                             if !held.contains(&b) {
-                                p.insert(b);
-                                evictable.insert(b);
+                                if dropped.remove(&b) {
+                                    never.push(b);
+                                } else {
+                                    p.insert(b);
+                                    evictable.insert(b);
+                                }
                             }
                         }
                         Op::Hit(i) => {
-                            let cached: Vec<BlockId> = evictable.iter().chain(&held).copied().collect();
+                            let cached: Vec<BlockId> = evictable
+                                .iter()
+                                .chain(&held)
+                                .filter(|b| !dropped.contains(b))
+                                .copied()
+                                .collect();
                             if cached.is_empty() {
                                 continue;
                             }
@@ -159,6 +183,25 @@ mod tests {
                             }
                             p.on_hit(b);
                             held.push(b);
+                        }
+                        Op::Drop(i) => {
+                            let cached: Vec<BlockId> = evictable
+                                .iter()
+                                .chain(&held)
+                                .filter(|b| !dropped.contains(b))
+                                .copied()
+                                .collect();
+                            if cached.is_empty() {
+                                continue;
+                            }
+                            let b = cached[i % cached.len()];
+                            if evictable.remove(&b) {
+                                p.remove(b);
+                                never.push(b);
+                            } else {
+                                dropped.insert(b);
+                            }
+                            p.forget(b);
                         }
                         Op::Evict => {
                             let got = p.evict();

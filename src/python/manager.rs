@@ -13,7 +13,7 @@ use super::extra_keys;
 use super::ints;
 use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
 use super::request_ids::{self, Key, RequestIds};
-use super::int_arrays::tokens;
+use super::int_arrays::{self, tokens};
 use crate::{manager, AdmitOptions, Error, TokenId};
 
 /// Calls hashing at least this many tokens release the GIL.
@@ -222,6 +222,51 @@ impl BlockManager {
         self.inner.num_tokens(id).map_err(|e| self.err(e))
     }
 
+    /// Grows ``request_id``'s block table so it has room for ``total_slots``
+    /// token positions (its tokens included) without adding tokens:
+    /// lookahead slots for speculative decoding (vLLM's
+    /// ``num_lookahead_tokens``, MTP draft tokens), addressed with
+    /// ``slot_mapping``. Never shrinks. When the room starts inside a partial
+    /// tail shared with a fork, the tail is copied first (``copies``).
+    /// Returns an ``AppendOutcome``: the blocks added and the copies. A later
+    /// ``append`` fills the room before taking blocks; ``fork`` shares only
+    /// the blocks holding tokens. All or nothing: raises ``OutOfBlocks``
+    /// (fits later) or ``ValueError`` (never fits).
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = ints::size)] total_slots: usize,
+    ) -> PyResult<AppendOutcome> {
+        let id = self.ids.get(&Self::id(request_id)?)?;
+        let outcome = self
+            .inner
+            .reserve(id, total_slots)
+            .map_err(|e| self.err(e))?;
+        AppendOutcome::new(py, outcome)
+    }
+
+    /// Drops ``block_ids`` (any iterable of ints, a set or a numpy array)
+    /// from the prefix index, as vLLM's ``evict_blocks`` does when a KV
+    /// connector reports blocks unreadable: no later lookup finds them. A
+    /// free block joins the never-hashed free list; a block in use stays with
+    /// its holders but is no longer shared. Blocks not in the index are
+    /// skipped. Returns how many left the index. Raises ``ValueError``,
+    /// changing nothing, for an id outside the cache or a pinned block
+    /// (unpin its prefix first).
+    fn evict_blocks(&self, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let blocks = int_arrays::block_ids(block_ids)?;
+        self.inner.evict_blocks(&blocks).map_err(errors::to_py)
+    }
+
+    /// Evicts up to ``num_blocks`` free cached blocks, chosen as allocation
+    /// chooses them (the policy's victims), ahead of allocating: they leave
+    /// the prefix index and join the never-hashed free list. Returns how
+    /// many were evicted (fewer when fewer free blocks are cached).
+    fn evict(&self, #[pyo3(from_py_with = ints::size)] num_blocks: usize) -> usize {
+        self.inner.evict(num_blocks)
+    }
+
     /// Pins the cached full blocks of the prefix ``tokens``: they are neither
     /// evicted nor reused until ``unpin``. Returns the tokens pinned (0 when
     /// nothing of the prefix is cached). Pins nest. Raises
@@ -257,7 +302,8 @@ impl BlockManager {
     /// ``free_blocks``, ``used_blocks``, ``cached_blocks``, ``pinned_blocks``,
     /// ``num_requests``, ``prefix_query_tokens``, ``prefix_hit_tokens``,
     /// ``prefix_query_requests``, ``prefix_hit_requests``, ``evictions``,
-    /// ``cow_copies``, ``blocks_stored`` (ints), ``usage`` and ``hit_rate``
+    /// ``cow_copies``, ``blocks_stored``, ``evictable_blocks`` (free cached
+    /// blocks, what eviction may take) (ints), ``usage`` and ``hit_rate``
     /// (floats in ``[0, 1]``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
@@ -275,6 +321,7 @@ impl BlockManager {
         d.set_item("evictions", s.evictions)?;
         d.set_item("cow_copies", s.cow_copies)?;
         d.set_item("blocks_stored", s.blocks_stored)?;
+        d.set_item("evictable_blocks", s.evictable_blocks)?;
         d.set_item("usage", s.usage())?;
         d.set_item("hit_rate", s.hit_rate())?;
         Ok(d)

@@ -84,7 +84,7 @@ impl PrefixMatch {
     }
 }
 
-/// The outcome of ``BlockManager.append``.
+/// The outcome of ``BlockManager.append`` and ``BlockManager.reserve``.
 #[pyclass(frozen, module = "mla_cache")]
 pub struct AppendOutcome {
     /// Blocks added to the end of the request's table (numpy int32).

@@ -559,6 +559,108 @@ static void test_pins_reset_events(void) {
     OK(mla_manager_destroy(manager));
 }
 
+static void test_reserve_and_evict(void) {
+    MlaManager *manager = small_manager(8, true, 2);
+    MlaTokenId prompt[9], other = 500;
+    MlaBlockId ids[8], table[8], fresh[8];
+    MlaBlockCopy copies[1];
+    size_t n = 0, cached = 0, n_new = 0, n_copies = 0;
+    MlaCacheStats stats;
+    MlaEventList *list = NULL;
+    MlaEvent e;
+    fill_tokens(prompt, 9, 0);
+
+    /* 9 tokens: two full blocks and one holding a token. */
+    OK(mla_manager_admit(manager, 1, prompt, 9, NULL, ids, 8, &n, &cached));
+    CHECK(n == 3);
+    OK(mla_manager_take_events(manager, &list));
+    OK(mla_event_list_destroy(list));
+
+    /* Room for 5 lookahead slots past the 9 tokens: one block, no token. */
+    OK(mla_manager_reserve(manager, 1, 14, fresh, 8, &n_new, copies, 1, &n_copies));
+    CHECK(n_new == 1 && n_copies == 0);
+    OK(mla_manager_block_table(manager, 1, table, 8, &n));
+    CHECK(n == 4 && table[3] == fresh[0]);
+    OK(mla_manager_num_tokens(manager, 1, &n));
+    CHECK(n == 9);
+    /* Never shrinks. */
+    OK(mla_manager_reserve(manager, 1, 4, fresh, 8, &n_new, copies, 1, &n_copies));
+    CHECK(n_new == 0 && n_copies == 0);
+    /* Capacities are checked against ceil(total_slots / block_size) ids and one copy. */
+    n_new = n_copies = 0;
+    EXPECT(mla_manager_reserve(manager, 1, 20, fresh, 4, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_BUFFER_TOO_SMALL);
+    CHECK(n_new == 5 && n_copies == MLA_MAX_COPIES_PER_APPEND);
+    EXPECT(mla_manager_reserve(manager, 1, 20, fresh, 8, &n_new, NULL, 0, &n_copies),
+           MLA_STATUS_BUFFER_TOO_SMALL);
+    EXPECT(mla_manager_reserve(manager, 1, 33, fresh, 8, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_REQUEST_TOO_LARGE);
+    OK(mla_manager_admit(manager, 2, &other, 1, NULL, ids + 4, 4, &n, &cached));
+    EXPECT(mla_manager_reserve(manager, 1, 32, fresh, 8, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_OUT_OF_BLOCKS);
+    OK(mla_manager_free(manager, 2));
+    EXPECT(mla_manager_reserve(manager, 9, 4, fresh, 8, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_UNKNOWN_REQUEST);
+    EXPECT(mla_manager_reserve(manager, 1, 14, fresh, 8, NULL, copies, 1, &n_copies),
+           MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_manager_reserve(manager, 1, 14, NULL, 8, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_manager_reserve(NULL, 1, 14, fresh, 8, &n_new, copies, 1, &n_copies),
+           MLA_STATUS_NULL_POINTER);
+    OK(mla_manager_block_table(manager, 1, table, 8, &n));
+    CHECK(n == 4);
+
+    /* Dropping blocks from the index: a pinned block is refused, a bad id
+     * too, and neither changes anything. */
+    OK(mla_manager_pin(manager, prompt, 4, NULL, &n));
+    CHECK(n == 4);
+    EXPECT(mla_manager_evict_blocks(manager, ids, 2, &n), MLA_STATUS_INVALID_ARGUMENT);
+    CHECK(LAST_ERROR_HAS("pinned"));
+    OK(mla_manager_unpin(manager, prompt, 4, NULL, &n));
+    MlaBlockId bad[2] = {ids[1], 8};
+    EXPECT(mla_manager_evict_blocks(manager, bad, 2, &n), MLA_STATUS_INVALID_BLOCK);
+    EXPECT(mla_manager_evict_blocks(manager, NULL, 2, &n), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_manager_evict_blocks(manager, ids, 2, NULL), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_manager_evict_blocks(NULL, ids, 2, &n), MLA_STATUS_NULL_POINTER);
+    OK(mla_manager_evict_blocks(manager, NULL, 0, &n));
+    CHECK(n == 0);
+    OK(mla_manager_stats(manager, &stats));
+    CHECK(stats.cached_blocks == 2);
+    /* The second block, in use: it leaves the index, the request keeps it. */
+    OK(mla_manager_evict_blocks(manager, bad, 1, &n));
+    CHECK(n == 1);
+    OK(mla_manager_stats(manager, &stats));
+    CHECK(stats.cached_blocks == 1 && stats.evictable_blocks == 0 && stats.evictions == 0);
+    OK(mla_manager_block_table(manager, 1, table, 8, &n));
+    CHECK(n == 4 && table[1] == ids[1]);
+
+    /* Freed, only the first block is cached and evictable; evict it ahead of allocating. */
+    OK(mla_manager_free(manager, 1));
+    OK(mla_manager_stats(manager, &stats));
+    CHECK(stats.evictable_blocks == 1 && stats.free_blocks == 8);
+    OK(mla_manager_evict(manager, 5, &n));
+    CHECK(n == 1);
+    OK(mla_manager_evict(manager, 5, &n));
+    CHECK(n == 0);
+    OK(mla_manager_stats(manager, &stats));
+    CHECK(stats.evictable_blocks == 0 && stats.cached_blocks == 0 && stats.evictions == 1);
+    EXPECT(mla_manager_evict(manager, 1, NULL), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_manager_evict(NULL, 1, &n), MLA_STATUS_NULL_POINTER);
+
+    /* Both removals were announced. */
+    OK(mla_manager_take_events(manager, &list));
+    OK(mla_event_list_len(list, &n));
+    CHECK(n == 2);
+    for (size_t i = 0; i < 2; i++) {
+        OK(mla_event_list_get(list, i, &e));
+        CHECK(e.kind == MLA_EVENT_KIND_BLOCK_REMOVED && e.num_block_hashes == 1);
+    }
+    OK(mla_event_list_destroy(list));
+
+    OK(mla_manager_check_invariants(manager));
+    OK(mla_manager_destroy(manager));
+}
+
 static void test_manager_handles(void) {
     MlaConfig *config = small_config(0);
     MlaManager *manager = NULL;
@@ -960,6 +1062,7 @@ int main(void) {
     test_chunked_prefill();
     test_append_fork_tables();
     test_pins_reset_events();
+    test_reserve_and_evict();
     test_manager_handles();
     test_store();
     test_tiered_host();
