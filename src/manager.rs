@@ -128,6 +128,13 @@ struct Request {
     keys: Arc<KeyDigest>,
 }
 
+/// The blocks one `pin` call took, and how many such calls are outstanding.
+#[derive(Debug)]
+struct PinRecord {
+    blocks: Vec<BlockId>,
+    count: u32,
+}
+
 #[derive(Debug)]
 struct State {
     blocks: Vec<Block>,
@@ -135,6 +142,8 @@ struct State {
     policy: Box<dyn EvictionPolicy>,
     num_free: usize,
     num_pinned: usize,
+    /// Pins by the hash of the deepest block they hold.
+    pins: FxHashMap<BlockHash, PinRecord>,
     requests: FxHashMap<RequestId, Request>,
     stats: CacheStats,
     events: Vec<CacheEvent>,
@@ -171,6 +180,7 @@ impl BlockManager {
             policy,
             num_free: n,
             num_pinned: 0,
+            pins: FxHashMap::default(),
             requests: FxHashMap::default(),
             stats: CacheStats {
                 num_blocks: n as u64,
@@ -630,13 +640,17 @@ impl BlockManager {
     }
 
     /// Pins the cached full blocks of the prefix `tokens` under `keys`: they
-    /// are neither evicted nor reused until [`BlockManager::unpin`]. Returns
-    /// the tokens pinned (0 when nothing of the prefix is cached). Pins nest.
+    /// are neither evicted nor reused until [`BlockManager::unpin`] of the
+    /// same prefix. Returns the tokens pinned (0, and nothing to unpin, when
+    /// nothing of the prefix is cached). Pins nest.
     pub fn pin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
         let hashes = self.chain(tokens, &self.hasher.digest(keys));
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let blocks = self.lookup(tokens, &hashes, usize::MAX);
+        let Some(&last) = blocks.len().checked_sub(1).and_then(|i| hashes.get(i)) else {
+            return Ok(0);
+        };
         let newly = blocks
             .iter()
             .filter(|&&b| st.blocks[b as usize].pins == 0)
@@ -657,23 +671,31 @@ impl BlockManager {
                 st.num_pinned += 1;
             }
         }
-        Ok(blocks.len() * self.config.block_size)
+        let tokens_pinned = blocks.len() * self.config.block_size;
+        // Pinned blocks stay indexed, so the same hash always names the same run.
+        st.pins.entry(last).or_insert_with(|| PinRecord { blocks, count: 0 }).count += 1;
+        Ok(tokens_pinned)
     }
 
-    /// Releases one pin of each pinned block of the prefix `tokens`; returns
-    /// the tokens unpinned, or [`Error::NotPinned`] if its first block is not pinned.
+    /// Releases one pin of the prefix `tokens`: the pin whose run ends
+    /// deepest in it, exactly the blocks that `pin` took. Returns the tokens
+    /// unpinned, or [`Error::NotPinned`] when no pin lies on the prefix.
     pub fn unpin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
         let hashes = self.chain(tokens, &self.hasher.digest(keys));
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let blocks: Vec<BlockId> = self
-            .lookup(tokens, &hashes, usize::MAX)
-            .into_iter()
-            .take_while(|&b| st.blocks[b as usize].pins > 0)
-            .collect();
-        if blocks.is_empty() {
-            return Err(Error::NotPinned);
-        }
+        let key = *hashes
+            .iter()
+            .rev()
+            .find(|h| st.pins.contains_key(h))
+            .ok_or(Error::NotPinned)?;
+        let record = st.pins.get_mut(&key).expect("found above");
+        record.count -= 1;
+        let blocks = if record.count == 0 {
+            st.pins.remove(&key).expect("found above").blocks
+        } else {
+            record.blocks.clone()
+        };
         for &b in blocks.iter().rev() {
             let block = &mut st.blocks[b as usize];
             block.pins -= 1;
@@ -956,6 +978,15 @@ impl BlockManager {
                     "index maps a hash to block {b}, which holds another"
                 ));
             }
+        }
+        let mut pins = vec![0u32; n];
+        for record in st.pins.values() {
+            for &b in &record.blocks {
+                pins[b as usize] += record.count;
+            }
+        }
+        if let Some(b) = (0..n).find(|&b| pins[b] != st.blocks[b].pins) {
+            return Err(format!("block {b}: {} pins, its pin records say {}", st.blocks[b].pins, pins[b]));
         }
         let pinned = st.blocks.iter().filter(|b| b.pins > 0).count();
         if pinned != st.num_pinned || pinned > self.config.pin_budget() {

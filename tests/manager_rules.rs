@@ -732,3 +732,27 @@ fn fork_shares_no_reserved_room_and_reserve_copies_a_shared_tail() {
     assert_eq!(m.num_free_blocks(), 8);
     ok(&m);
 }
+
+#[test]
+fn unpin_releases_exactly_what_its_pin_took() {
+    let m = manager(8);
+    let p = toks(0..12); // three full blocks once computed
+    m.admit(1, &p[..5], &AdmitOptions::default()).unwrap(); // caches block 0 only
+    m.free(1).unwrap();
+    // Pinned while only its first block is cached.
+    assert_eq!(m.pin(&p[..8], &ExtraKeys::default()).unwrap(), 4);
+    m.admit(2, &toks(0..13), &AdmitOptions::default()).unwrap(); // caches blocks 1 and 2
+    m.free(2).unwrap();
+    // A longer prefix pinned over the same first block.
+    assert_eq!(m.pin(&p, &ExtraKeys::default()).unwrap(), 12);
+    assert_eq!(m.stats().pinned_blocks, 3);
+    // Unpinning the short prefix releases its one block, not the long pin's.
+    assert_eq!(m.unpin(&p[..8], &ExtraKeys::default()).unwrap(), 4);
+    assert_eq!(m.stats().pinned_blocks, 3);
+    ok(&m);
+    assert_eq!(m.unpin(&p, &ExtraKeys::default()).unwrap(), 12);
+    assert_eq!(m.stats().pinned_blocks, 0);
+    assert_eq!(m.unpin(&p, &ExtraKeys::default()), Err(Error::NotPinned));
+    assert_eq!(m.num_free_blocks(), 8);
+    ok(&m);
+}
