@@ -15,8 +15,12 @@ const ROPE: usize = 64;
 
 fn data() -> (Vec<f32>, Vec<f32>) {
     let mut rng = StdRng::seed_from_u64(7);
-    let c = (0..TOKENS * RANK).map(|i| rng.gen_range(-1.0f32..1.0) * if i % 97 == 0 { 30.0 } else { 1.0 }).collect();
-    let k = (0..TOKENS * ROPE).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let c = (0..TOKENS * RANK)
+        .map(|i| rng.gen_range(-1.0f32..1.0) * if i % 97 == 0 { 30.0 } else { 1.0 })
+        .collect();
+    let k = (0..TOKENS * ROPE)
+        .map(|_| rng.gen_range(-1.0f32..1.0))
+        .collect();
     (c, k)
 }
 
@@ -32,10 +36,18 @@ fn bench(c: &mut Criterion) {
         let codec = Codec::new(dtype, RANK, ROPE).unwrap();
         let mut out = vec![0u8; TOKENS * codec.bytes_per_token()];
         group.bench_function(BenchmarkId::new(dtype.name(), "from_bf16"), |b| {
-            b.iter(|| codec.encode_batch(Values::Bf16(&c_bf16), Values::Bf16(&k_bf16), &mut out).unwrap())
+            b.iter(|| {
+                codec
+                    .encode_batch(Values::Bf16(&c_bf16), Values::Bf16(&k_bf16), &mut out)
+                    .unwrap()
+            })
         });
         group.bench_function(BenchmarkId::new(dtype.name(), "from_f32"), |b| {
-            b.iter(|| codec.encode_batch(Values::F32(&c_f32), Values::F32(&k_f32), &mut out).unwrap())
+            b.iter(|| {
+                codec
+                    .encode_batch(Values::F32(&c_f32), Values::F32(&k_f32), &mut out)
+                    .unwrap()
+            })
         });
     }
     group.finish();
@@ -45,7 +57,9 @@ fn bench(c: &mut Criterion) {
     for dtype in Dtype::ALL {
         let codec = Codec::new(dtype, RANK, ROPE).unwrap();
         let mut encoded = vec![0u8; TOKENS * codec.bytes_per_token()];
-        codec.encode_batch(Values::F32(&c_f32), Values::F32(&k_f32), &mut encoded).unwrap();
+        codec
+            .encode_batch(Values::F32(&c_f32), Values::F32(&k_f32), &mut encoded)
+            .unwrap();
         let mut out_bf16 = vec![bf16::ZERO; TOKENS * (RANK + ROPE)];
         let mut out_f32 = vec![0f32; TOKENS * (RANK + ROPE)];
         group.bench_function(BenchmarkId::new(dtype.name(), "to_bf16"), |b| {

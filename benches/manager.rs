@@ -46,7 +46,9 @@ fn single_thread(c: &mut Criterion) {
     m.free(2).unwrap();
     g.bench_function("admit_free_4096_cached", |b| {
         b.iter(|| {
-            let a = m.admit(1, black_box(&cached), &AdmitOptions::default()).unwrap();
+            let a = m
+                .admit(1, black_box(&cached), &AdmitOptions::default())
+                .unwrap();
             debug_assert_eq!(a.num_cached_tokens, PROMPT - 64);
             m.free(1).unwrap();
         })
@@ -56,7 +58,8 @@ fn single_thread(c: &mut Criterion) {
         b.iter(|| black_box(m.match_prefix(black_box(&cached), &ExtraKeys::default())))
     });
 
-    m.admit(3, &cached[..100], &AdmitOptions::default()).unwrap();
+    m.admit(3, &cached[..100], &AdmitOptions::default())
+        .unwrap();
     let mut appended = 0usize;
     g.bench_function("append_1", |b| {
         b.iter(|| {
@@ -65,7 +68,8 @@ fn single_thread(c: &mut Criterion) {
             if appended % 100_000 == 0 {
                 // Keep the sequence bounded.
                 m.free(3).unwrap();
-                m.admit(3, &cached[..100], &AdmitOptions::default()).unwrap();
+                m.admit(3, &cached[..100], &AdmitOptions::default())
+                    .unwrap();
             }
         })
     });
@@ -84,7 +88,12 @@ fn single_thread(c: &mut Criterion) {
 
 /// Admit+free of a cached prompt, each of `threads` threads on its own
 /// request id; reports the time per operation pair per thread.
-fn admit_free_threads(m: &Arc<BlockManager>, cached: &Arc<Vec<u32>>, threads: u64, iters: u64) -> Duration {
+fn admit_free_threads(
+    m: &Arc<BlockManager>,
+    cached: &Arc<Vec<u32>>,
+    threads: u64,
+    iters: u64,
+) -> Duration {
     let barrier = Arc::new(Barrier::new(threads as usize + 1));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -101,7 +110,11 @@ fn admit_free_threads(m: &Arc<BlockManager>, cached: &Arc<Vec<u32>>, threads: u6
         })
         .collect();
     barrier.wait();
-    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .max()
+        .unwrap()
 }
 
 fn two_threads(c: &mut Criterion) {
@@ -130,7 +143,11 @@ fn two_threads(c: &mut Criterion) {
                 })
                 .collect();
             barrier.wait();
-            handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .max()
+                .unwrap()
         })
     });
     g.finish();

@@ -19,13 +19,18 @@ fn gbps(bytes: usize, t: Duration) -> f64 {
 }
 
 fn main() {
-    let config = CacheConfig { hash_seed: Some(1), ..CacheConfig::preset("deepseek-v3", BLOCKS, Dtype::Fp8DsMla).unwrap() };
+    let config = CacheConfig {
+        hash_seed: Some(1),
+        ..CacheConfig::preset("deepseek-v3", BLOCKS, Dtype::Fp8DsMla).unwrap()
+    };
     let store = HostStore::new(&config).unwrap();
     let bytes = store.block_bytes();
     let tier = HostTier::new(bytes, BLOCKS).unwrap();
     let mut buf = vec![0u8; bytes];
     for b in 0..BLOCKS as u32 {
-        buf.iter_mut().enumerate().for_each(|(i, x)| *x = (i as u32 ^ b) as u8);
+        buf.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = (i as u32 ^ b) as u8);
         store.write_block(b, &buf).unwrap();
     }
     println!("block: {bytes} bytes ({} layers)", config.num_layers);
@@ -45,34 +50,53 @@ fn main() {
         loaded += start.elapsed();
     }
     let total = bytes * BLOCKS * ROUNDS;
-    println!("host tier store (device -> L2): {:.2} GB/s", gbps(total, stored));
-    println!("host tier load  (L2 -> device): {:.2} GB/s", gbps(total, loaded));
+    println!(
+        "host tier store (device -> L2): {:.2} GB/s",
+        gbps(total, stored)
+    );
+    println!(
+        "host tier load  (L2 -> device): {:.2} GB/s",
+        gbps(total, loaded)
+    );
 
     let Ok(url) = std::env::var("MLA_CACHE_REDIS_URL") else {
         println!("remote: MLA_CACHE_REDIS_URL not set, skipped");
         return;
     };
     let format = BlockFormat::new(&config, bytes);
-    let mut remote = RedisRemote::single(&url, RedisOptions { io_timeout: Duration::from_secs(10), ..RedisOptions::default() }).unwrap();
-    let prefix = format!("{}{}:", format.key_prefix("bench"), std::process::id());
-    let value = format.encode::<()>(BlockHash(7), |p| {
-        p.copy_from_slice(&buf);
-        Ok(())
-    })
+    let mut remote = RedisRemote::single(
+        &url,
+        RedisOptions {
+            io_timeout: Duration::from_secs(10),
+            ..RedisOptions::default()
+        },
+    )
     .unwrap();
+    let prefix = format!("{}{}:", format.key_prefix("bench"), std::process::id());
+    let value = format
+        .encode::<()>(BlockHash(7), |p| {
+            p.copy_from_slice(&buf);
+            Ok(())
+        })
+        .unwrap();
     for batch in [1usize, 8, 32] {
         let rounds = 64 / batch;
         let (mut put, mut get) = (Duration::ZERO, Duration::ZERO);
         for r in 0..rounds {
-            let keys: Vec<Vec<u8>> = (0..batch).map(|i| format!("{prefix}{batch}:{r}:{i}").into_bytes()).collect();
-            let entries: Vec<(Vec<u8>, Vec<u8>)> = keys.iter().map(|k| (k.clone(), value.clone())).collect();
+            let keys: Vec<Vec<u8>> = (0..batch)
+                .map(|i| format!("{prefix}{batch}:{r}:{i}").into_bytes())
+                .collect();
+            let entries: Vec<(Vec<u8>, Vec<u8>)> =
+                keys.iter().map(|k| (k.clone(), value.clone())).collect();
             let start = Instant::now();
             remote.put_if_absent(&entries).unwrap();
             put += start.elapsed();
             let start = Instant::now();
             let got = remote.get(&keys).unwrap();
             get += start.elapsed();
-            assert!(got.iter().all(|v| v.as_ref().is_some_and(|v| format.check(BlockHash(7), v).is_ok())));
+            assert!(got.iter().all(|v| v
+                .as_ref()
+                .is_some_and(|v| format.check(BlockHash(7), v).is_ok())));
         }
         let n = rounds * batch;
         let total = n * value.len();

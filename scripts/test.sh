@@ -19,7 +19,8 @@ export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
 features=cuda,remote-redis
 
-echo "== clippy"
+echo "== rustfmt and clippy"
+cargo fmt --check
 cargo clippy --release --features "$features,python" --all-targets -- -D warnings
 
 echo "== redis servers for the remote tier"

@@ -560,11 +560,7 @@ impl BlockManager {
             blocks.push(b);
             outcome.new_block_ids.push(b);
         }
-        state
-            .requests
-            .get_mut(&id)
-            .expect("looked up above")
-            .blocks = blocks;
+        state.requests.get_mut(&id).expect("looked up above").blocks = blocks;
         Ok(outcome)
     }
 
@@ -673,7 +669,10 @@ impl BlockManager {
         }
         let tokens_pinned = blocks.len() * self.config.block_size;
         // Pinned blocks stay indexed, so the same hash always names the same run.
-        st.pins.entry(last).or_insert_with(|| PinRecord { blocks, count: 0 }).count += 1;
+        st.pins
+            .entry(last)
+            .or_insert_with(|| PinRecord { blocks, count: 0 })
+            .count += 1;
         Ok(tokens_pinned)
     }
 
@@ -986,7 +985,10 @@ impl BlockManager {
             }
         }
         if let Some(b) = (0..n).find(|&b| pins[b] != st.blocks[b].pins) {
-            return Err(format!("block {b}: {} pins, its pin records say {}", st.blocks[b].pins, pins[b]));
+            return Err(format!(
+                "block {b}: {} pins, its pin records say {}",
+                st.blocks[b].pins, pins[b]
+            ));
         }
         let pinned = st.blocks.iter().filter(|b| b.pins > 0).count();
         if pinned != st.num_pinned || pinned > self.config.pin_budget() {

@@ -96,7 +96,10 @@ fn the_table_says_mla_is_replicated_and_mha_split() {
     let out = mla_cache(&["plan"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("replicated on every rank (tp 8 here)"), "{text}");
+    assert!(
+        text.contains("replicated on every rank (tp 8 here)"),
+        "{text}"
+    );
     assert!(text.contains("split by KV heads"), "{text}");
     assert!(text.contains("40,016"), "{text}");
     assert!(text.contains("16 of 128 heads per rank"), "{text}");

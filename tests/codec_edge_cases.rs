@@ -35,11 +35,18 @@ fn all_zero_tiles_take_the_smallest_scale_and_zero_codes() {
     let e = encode(Dtype::Fp8DsMla, &[0.0; RANK], &[0.0; ROPE]);
     assert!(e.bytes[..512].iter().all(|&b| b == 0));
     for t in 0..4 {
-        assert_eq!(fp8_scale(&e.bytes, t), 2f32.powi(-13), "1e-4 rounds up to 2^-13");
+        assert_eq!(
+            fp8_scale(&e.bytes, t),
+            2f32.powi(-13),
+            "1e-4 rounds up to 2^-13"
+        );
     }
     assert!(e.decoded.iter().all(|&v| v == 0.0));
     let e = encode(Dtype::Mxfp6, &[0.0; RANK], &[0.0; ROPE]);
-    assert!(e.bytes[..400].iter().all(|&b| b == 0), "codes and scale bytes (2^-127) are all zero");
+    assert!(
+        e.bytes[..400].iter().all(|&b| b == 0),
+        "codes and scale bytes (2^-127) are all zero"
+    );
     assert!(e.decoded.iter().all(|&v| v == 0.0));
 }
 
@@ -49,7 +56,9 @@ fn negative_zero_keeps_its_sign() {
     assert!(e.bytes[..512].iter().all(|&b| b == 0x80));
     assert!(e.decoded.iter().all(|v| v.to_bits() == (-0.0f32).to_bits()));
     let e = encode(Dtype::Mxfp6, &[-0.0; RANK], &[0.0; ROPE]);
-    assert!(e.decoded[..RANK].iter().all(|v| v.to_bits() == (-0.0f32).to_bits()));
+    assert!(e.decoded[..RANK]
+        .iter()
+        .all(|v| v.to_bits() == (-0.0f32).to_bits()));
 }
 
 #[test]
@@ -62,15 +71,27 @@ fn one_huge_value_sets_its_tile_scale_only() {
     assert_eq!(e.decoded[130], 240.0 * 4096.0); // 1e6 / 4096 = 244.14 -> 240 (step 16)
     assert!((e.decoded[130] - 1e6).abs() / 1e6 < 1.0 / 16.0);
     // 1 / 4096 is below half the smallest subnormal step (2^-9 x 4096 = 8).
-    assert!(e.decoded[128..256].iter().enumerate().all(|(i, &v)| i == 2 || v == 0.0));
-    assert!(e.decoded[..128].iter().chain(&e.decoded[256..RANK]).all(|&v| v == 1.0));
+    assert!(e.decoded[128..256]
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| i == 2 || v == 0.0));
+    assert!(e.decoded[..128]
+        .iter()
+        .chain(&e.decoded[256..RANK])
+        .all(|&v| v == 1.0));
 
     let e = encode(Dtype::Mxfp6, &nope, &[0.0; ROPE]);
     assert_eq!(mxfp6_scale_byte(&e.bytes, 4), 127 + 18); // 1e6 / 7.5 = 133333 -> 2^18
     assert_eq!(mxfp6_scale_byte(&e.bytes, 0), 127 - 2); // 1 / 7.5 -> 2^-2
     assert_eq!(e.decoded[130], 7.5 * 2f32.powi(17)); // 3.81 -> 3.75 x 2^18
-    assert!(e.decoded[128..160].iter().enumerate().all(|(i, &v)| i == 2 || v == 0.0));
-    assert!(e.decoded[..128].iter().chain(&e.decoded[160..RANK]).all(|&v| v == 1.0));
+    assert!(e.decoded[128..160]
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| i == 2 || v == 0.0));
+    assert!(e.decoded[..128]
+        .iter()
+        .chain(&e.decoded[160..RANK])
+        .all(|&v| v == 1.0));
 }
 
 #[test]
@@ -80,7 +101,10 @@ fn the_top_of_each_range_is_exact_and_one_step_past_it_doubles_the_scale() {
     nope[1] = -448.0;
     nope[128] = 449.0;
     let e = encode(Dtype::Fp8DsMla, &nope, &[0.0; ROPE]);
-    assert_eq!((e.bytes[0], e.bytes[1], fp8_scale(&e.bytes, 0)), (0x7E, 0xFE, 1.0));
+    assert_eq!(
+        (e.bytes[0], e.bytes[1], fp8_scale(&e.bytes, 0)),
+        (0x7E, 0xFE, 1.0)
+    );
     assert_eq!(fp8_scale(&e.bytes, 1), 2.0);
     assert_eq!(e.decoded[128], 448.0); // 224.5 -> 224 (step 16 below 256)
 
@@ -88,7 +112,10 @@ fn the_top_of_each_range_is_exact_and_one_step_past_it_doubles_the_scale() {
     nope[0] = 7.5;
     nope[32] = 7.6;
     let e = encode(Dtype::Mxfp6, &nope, &[0.0; ROPE]);
-    assert_eq!((e.bytes[0] & 0x3F, mxfp6_scale_byte(&e.bytes, 0)), (0x1F, 127));
+    assert_eq!(
+        (e.bytes[0] & 0x3F, mxfp6_scale_byte(&e.bytes, 0)),
+        (0x1F, 127)
+    );
     assert_eq!(mxfp6_scale_byte(&e.bytes, 1), 128);
     assert_eq!(e.decoded[32], 7.5); // 3.8 -> 3.75, times 2
 }
@@ -122,7 +149,9 @@ fn subnormal_inputs() {
     // mxfp6: the smallest scale is 2^-127, so multiples of 2^-130 up to
     // 7.5 x 2^-127 survive exactly, subnormal scale and all.
     let step = 2f32.powi(-130);
-    let nope: Vec<f32> = (0..RANK).map(|i| step * (i % 8) as f32 * if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let nope: Vec<f32> = (0..RANK)
+        .map(|i| step * (i % 8) as f32 * if i % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
     let e = encode(Dtype::Mxfp6, &nope, &[0.0; ROPE]);
     assert!((0..16).all(|g| mxfp6_scale_byte(&e.bytes, g) == 0));
     assert_eq!(&e.decoded[..RANK], &nope[..]);
@@ -130,13 +159,19 @@ fn subnormal_inputs() {
     let c = Codec::new(Dtype::Mxfp6, RANK, ROPE).unwrap();
     let nope_bf16: Vec<bf16> = nope.iter().map(|&v| bf16::from_f32(v)).collect();
     let mut bytes = vec![0u8; c.bytes_per_token()];
-    c.encode(Values::Bf16(&nope_bf16), Values::F32(&[0.0; ROPE]), &mut bytes).unwrap();
+    c.encode(
+        Values::Bf16(&nope_bf16),
+        Values::F32(&[0.0; ROPE]),
+        &mut bytes,
+    )
+    .unwrap();
     assert_eq!(bytes, e.bytes);
     // f16 subnormals are normal f32 values: 2^-24 in a group with 2^-20.
     let mut halves = vec![f16::ZERO; RANK];
     halves[0] = f16::from_bits(1); // 2^-24
     halves[1] = f16::from_f32(2f32.powi(-20));
-    c.encode(Values::F16(&halves), Values::F32(&[0.0; ROPE]), &mut bytes).unwrap();
+    c.encode(Values::F16(&halves), Values::F32(&[0.0; ROPE]), &mut bytes)
+        .unwrap();
     let mut out = vec![0f32; RANK + ROPE];
     c.decode_f32(&bytes, &mut out).unwrap();
     assert_eq!(mxfp6_scale_byte(&bytes, 0), 127 - 22); // 2^-20 / 7.5 -> 2^-22
@@ -170,7 +205,10 @@ fn nan_encodes_as_zero_and_infinities_saturate_without_moving_the_scale() {
     // bf16 keeps non-finite values as they are.
     let e = encode(Dtype::Bf16, &nope, &rope);
     assert!(e.decoded[0].is_nan());
-    assert_eq!((e.decoded[1], e.decoded[2]), (f32::INFINITY, f32::NEG_INFINITY));
+    assert_eq!(
+        (e.decoded[1], e.decoded[2]),
+        (f32::INFINITY, f32::NEG_INFINITY)
+    );
 
     // A tile with no finite value: the smallest scale, NaN -> 0, Inf -> top.
     let mut nope = vec![f32::NAN; RANK];

@@ -87,7 +87,11 @@ fn reference_decode(dtype: Dtype, bytes: &[u8]) -> Vec<f64> {
                     code |= stream_bit(bytes, 6 * i + k) << k;
                 }
                 let scale_byte = bytes[384 + i / 32];
-                let scale = if scale_byte == 255 { f64::NAN } else { 2f64.powi(i32::from(scale_byte) - 127) };
+                let scale = if scale_byte == 255 {
+                    f64::NAN
+                } else {
+                    2f64.powi(i32::from(scale_byte) - 127)
+                };
                 out.push(e2m3_value(code) * scale);
             }
             400
@@ -149,15 +153,26 @@ fn reference_encode(dtype: Dtype, nope: &[f32], nope_bf16: &[u16], rope_bf16: &[
             let mut codes = Vec::new();
             let mut scales = Vec::new();
             for g in nope.chunks(group) {
-                let amax = g.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs()));
+                let amax = g
+                    .iter()
+                    .filter(|x| x.is_finite())
+                    .fold(0f32, |m, x| m.max(x.abs()));
                 let v = f64::from((amax / max).max(floor));
                 let mut e = -160;
                 while 2f64.powi(e) < v {
                     e += 1;
                 }
                 for &x in g {
-                    let sign_bit = if x.is_nan() { 0 } else { u8::from(x.is_sign_negative()) };
-                    let t = if x.is_nan() { 0.0 } else { f64::from(x) / 2f64.powi(e) };
+                    let sign_bit = if x.is_nan() {
+                        0
+                    } else {
+                        u8::from(x.is_sign_negative())
+                    };
+                    let t = if x.is_nan() {
+                        0.0
+                    } else {
+                        f64::from(x) / 2f64.powi(e)
+                    };
                     let code = nearest(&grid, t) as u8;
                     codes.push(code | sign_bit << if dtype == Dtype::Fp8DsMla { 7 } else { 5 });
                 }
@@ -201,12 +216,18 @@ fn check_encode(dtype: Dtype, c_kv: Values<'_>, k_pe: Values<'_>) {
     let expected = reference_encode(dtype, &nope, &bf16_bits_of(c_kv), &bf16_bits_of(k_pe));
     assert_eq!(got.len(), expected.len());
     if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
-        panic!("{dtype} {}: byte {i} is {:#04x}, reference {:#04x}", c_kv.elem_type(), got[i], expected[i]);
+        panic!(
+            "{dtype} {}: byte {i} is {:#04x}, reference {:#04x}",
+            c_kv.elem_type(),
+            got[i],
+            expected[i]
+        );
     }
 }
 
 fn same(a: f64, b: f32) -> bool {
-    (a.is_nan() && b.is_nan()) || (a == f64::from(b) && (a != 0.0 || a.is_sign_negative() == b.is_sign_negative()))
+    (a.is_nan() && b.is_nan())
+        || (a == f64::from(b) && (a != 0.0 || a.is_sign_negative() == b.is_sign_negative()))
 }
 
 fn check_decode(dtype: Dtype, bytes: &[u8]) {
@@ -220,7 +241,12 @@ fn check_decode(dtype: Dtype, bytes: &[u8]) {
     for i in 0..RANK + ROPE {
         // The exact value rounded once to f32 (a no-op for valid encodings).
         let r32 = reference[i] as f32;
-        assert!(same(f64::from(r32), got[i]), "{dtype} value {i}: {} vs reference {}", got[i], reference[i]);
+        assert!(
+            same(f64::from(r32), got[i]),
+            "{dtype} value {i}: {} vs reference {}",
+            got[i],
+            reference[i]
+        );
         // Stored bf16 values come back verbatim, NaN payloads included;
         // dequantized values are rounded from f32.
         let stored_bf16 = match (dtype, i < RANK) {
@@ -249,10 +275,12 @@ fn decoders_match_the_definition_on_arbitrary_bytes() {
 fn encoders_match_the_reference_on_gaussian_data_in_every_input_type() {
     let mut rng = common::rng(2);
     for scale in [1e-6f32, 0.01, 1.0, 300.0] {
-        let c = common::TypedRows::new(&common::gaussian_rows(&mut rng, 1, RANK, &[3, 200, 450], 40.0)
-            .iter()
-            .map(|v| v * scale)
-            .collect::<Vec<_>>());
+        let c = common::TypedRows::new(
+            &common::gaussian_rows(&mut rng, 1, RANK, &[3, 200, 450], 40.0)
+                .iter()
+                .map(|v| v * scale)
+                .collect::<Vec<_>>(),
+        );
         let k = common::TypedRows::new(&common::gaussian_rows(&mut rng, 1, ROPE, &[], 1.0));
         for dtype in Dtype::ALL {
             for ce in ElemType::ALL {
@@ -272,7 +300,9 @@ fn encoded_gaussian_data_decodes_as_the_reference_says() {
         let codec = Codec::new(dtype, RANK, ROPE).unwrap();
         for row in codec_rows.chunks(RANK + ROPE) {
             let mut bytes = vec![0u8; codec.bytes_per_token()];
-            codec.encode(row[..RANK].into(), row[RANK..].into(), &mut bytes).unwrap();
+            codec
+                .encode(row[..RANK].into(), row[RANK..].into(), &mut bytes)
+                .unwrap();
             check_decode(dtype, &bytes);
         }
     }

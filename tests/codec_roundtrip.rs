@@ -19,11 +19,32 @@ fn codec(dtype: Dtype) -> Codec {
 #[test]
 fn layouts_match_the_design() {
     let fp8 = codec(Dtype::Fp8DsMla).layout();
-    assert_eq!((fp8.bytes_per_token, fp8.scales_offset, fp8.num_scales, fp8.scale_bytes, fp8.rope_offset), (656, 512, 4, 4, 528));
+    assert_eq!(
+        (
+            fp8.bytes_per_token,
+            fp8.scales_offset,
+            fp8.num_scales,
+            fp8.scale_bytes,
+            fp8.rope_offset
+        ),
+        (656, 512, 4, 4, 528)
+    );
     let mx = codec(Dtype::Mxfp6).layout();
-    assert_eq!((mx.bytes_per_token, mx.scales_offset, mx.num_scales, mx.scale_bytes, mx.rope_offset), (528, 384, 16, 1, 400));
+    assert_eq!(
+        (
+            mx.bytes_per_token,
+            mx.scales_offset,
+            mx.num_scales,
+            mx.scale_bytes,
+            mx.rope_offset
+        ),
+        (528, 384, 16, 1, 400)
+    );
     let b = codec(Dtype::Bf16).layout();
-    assert_eq!((b.bytes_per_token, b.num_scales, b.rope_offset), (1152, 0, 1024));
+    assert_eq!(
+        (b.bytes_per_token, b.num_scales, b.rope_offset),
+        (1152, 0, 1024)
+    );
 }
 
 #[test]
@@ -34,14 +55,21 @@ fn bf16_input_in_bf16_format_is_bit_exact() {
         // Any bits at all, NaN payloads and subnormals included.
         let row: Vec<bf16> = (0..WIDTH).map(|_| bf16::from_bits(rng.gen())).collect();
         let mut bytes = vec![0u8; c.bytes_per_token()];
-        c.encode(row[..RANK].into(), row[RANK..].into(), &mut bytes).unwrap();
+        c.encode(row[..RANK].into(), row[RANK..].into(), &mut bytes)
+            .unwrap();
         let mut back = vec![bf16::ZERO; WIDTH];
         c.decode_bf16(&bytes, &mut back).unwrap();
-        assert!(row.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(row
+            .iter()
+            .zip(&back)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
         let mut wide = vec![0f32; WIDTH];
         c.decode_f32(&bytes, &mut wide).unwrap();
         // Widening is a 16-bit shift, so NaN payloads survive too.
-        assert!(row.iter().zip(&wide).all(|(a, b)| u32::from(a.to_bits()) << 16 == b.to_bits()));
+        assert!(row
+            .iter()
+            .zip(&wide)
+            .all(|(a, b)| u32::from(a.to_bits()) << 16 == b.to_bits()));
     }
 }
 
@@ -54,7 +82,12 @@ fn f32_and_f16_input_in_bf16_format_round_to_nearest_even() {
     for input in [Values::F32(&values), Values::F16(&halves)] {
         let wide = common::widen(input);
         let mut bytes = vec![0u8; c.bytes_per_token()];
-        c.encode(input.window(0, RANK).unwrap(), input.window(RANK, ROPE).unwrap(), &mut bytes).unwrap();
+        c.encode(
+            input.window(0, RANK).unwrap(),
+            input.window(RANK, ROPE).unwrap(),
+            &mut bytes,
+        )
+        .unwrap();
         let mut back = vec![bf16::ZERO; WIDTH];
         c.decode_bf16(&bytes, &mut back).unwrap();
         for (w, b) in wide.iter().zip(&back) {
@@ -70,7 +103,8 @@ fn round_trip_nope(dtype: Dtype, rows: &[f32]) -> Vec<f32> {
     let mut bytes = vec![0u8; c.bytes_per_token()];
     let mut out = vec![0f32; WIDTH];
     for row in rows.chunks(RANK) {
-        c.encode(row.into(), Values::F32(&[0.5; ROPE]), &mut bytes).unwrap();
+        c.encode(row.into(), Values::F32(&[0.5; ROPE]), &mut bytes)
+            .unwrap();
         c.decode_f32(&bytes, &mut out).unwrap();
         decoded.extend_from_slice(&out[..RANK]);
     }
@@ -82,18 +116,34 @@ fn relative_rms_error_on_gaussian_data_with_outlier_channels() {
     let mut rng = common::rng(12);
     // 2,048 tokens; 6 of the 512 channels are 20x larger than the rest.
     let rows = common::gaussian_rows(&mut rng, 2048, RANK, &[5, 77, 130, 260, 391, 500], 20.0);
-    let bound = [(Dtype::Fp8DsMla, 0.027, 0.032), (Dtype::Mxfp6, 0.040, 0.048)];
+    let bound = [
+        (Dtype::Fp8DsMla, 0.027, 0.032),
+        (Dtype::Mxfp6, 0.040, 0.048),
+    ];
     for (dtype, design, limit) in bound {
         let err = common::relative_rms(&round_trip_nope(dtype, &rows), &rows);
-        println!("{dtype}: relative RMS error {:.2}% (design note: about {:.1}%)", 100.0 * err, 100.0 * design);
-        assert!(err < limit, "{dtype}: relative RMS error {err} above {limit}");
-        assert!(err > 0.5 * design, "{dtype}: error {err} is implausibly small");
+        println!(
+            "{dtype}: relative RMS error {:.2}% (design note: about {:.1}%)",
+            100.0 * err,
+            100.0 * design
+        );
+        assert!(
+            err < limit,
+            "{dtype}: relative RMS error {err} above {limit}"
+        );
+        assert!(
+            err > 0.5 * design,
+            "{dtype}: error {err} is implausibly small"
+        );
     }
     // Without outliers the error is smaller still.
     let plain = common::gaussian_rows(&mut rng, 512, RANK, &[], 1.0);
     for dtype in [Dtype::Fp8DsMla, Dtype::Mxfp6] {
         let err = common::relative_rms(&round_trip_nope(dtype, &plain), &plain);
-        println!("{dtype}: relative RMS error without outliers {:.2}%", 100.0 * err);
+        println!(
+            "{dtype}: relative RMS error without outliers {:.2}%",
+            100.0 * err
+        );
         assert!(err < 0.045);
     }
 }
@@ -102,16 +152,25 @@ fn relative_rms_error_on_gaussian_data_with_outlier_channels() {
 fn quantized_values_are_within_half_a_step_of_the_input() {
     let mut rng = common::rng(13);
     let rows = common::gaussian_rows(&mut rng, 64, RANK, &[9], 30.0);
-    for (dtype, group, top, mantissa_bits) in [(Dtype::Fp8DsMla, 128, 448f32, 3), (Dtype::Mxfp6, 32, 7.5, 3)] {
+    for (dtype, group, top, mantissa_bits) in [
+        (Dtype::Fp8DsMla, 128, 448f32, 3),
+        (Dtype::Mxfp6, 32, 7.5, 3),
+    ] {
         let decoded = round_trip_nope(dtype, &rows);
         for (x, d) in rows.chunks(group).zip(decoded.chunks(group)) {
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = (amax / top).log2().ceil().exp2();
             for (&a, &b) in x.iter().zip(d) {
                 // Half a unit in the last place of |a| (or of the subnormal step).
-                let exponent = (a.abs() / scale).log2().floor().max(if dtype == Dtype::Mxfp6 { 0.0 } else { -6.0 });
+                let exponent = (a.abs() / scale)
+                    .log2()
+                    .floor()
+                    .max(if dtype == Dtype::Mxfp6 { 0.0 } else { -6.0 });
                 let half_step = (exponent - mantissa_bits as f32).exp2() * scale / 2.0;
-                assert!((a - b).abs() <= half_step * 1.0001, "{dtype}: {a} -> {b}, half step {half_step}");
+                assert!(
+                    (a - b).abs() <= half_step * 1.0001,
+                    "{dtype}: {a} -> {b}, half step {half_step}"
+                );
             }
         }
     }
@@ -127,14 +186,20 @@ fn re_encoding_a_decoded_latent_gives_the_same_values() {
         let c = codec(dtype);
         for row in common::gaussian_rows(&mut rng, 16, WIDTH, &[1, 2], 50.0).chunks(WIDTH) {
             let mut bytes = vec![0u8; c.bytes_per_token()];
-            c.encode(row[..RANK].into(), row[RANK..].into(), &mut bytes).unwrap();
+            c.encode(row[..RANK].into(), row[RANK..].into(), &mut bytes)
+                .unwrap();
             let mut wide = vec![0f32; WIDTH];
             c.decode_f32(&bytes, &mut wide).unwrap();
             let mut narrow = vec![bf16::ZERO; WIDTH];
             c.decode_bf16(&bytes, &mut narrow).unwrap();
             for again in [Values::F32(&wide), Values::Bf16(&narrow)] {
                 let mut bytes2 = vec![0u8; c.bytes_per_token()];
-                c.encode(again.window(0, RANK).unwrap(), again.window(RANK, ROPE).unwrap(), &mut bytes2).unwrap();
+                c.encode(
+                    again.window(0, RANK).unwrap(),
+                    again.window(RANK, ROPE).unwrap(),
+                    &mut bytes2,
+                )
+                .unwrap();
                 let mut wide2 = vec![0f32; WIDTH];
                 c.decode_f32(&bytes2, &mut wide2).unwrap();
                 assert_eq!(wide, wide2, "{dtype} from {}", again.elem_type());
@@ -150,16 +215,24 @@ fn re_encoding_a_decoded_latent_gives_the_same_values() {
 fn every_input_type_encodes_the_same_numbers_alike() {
     let mut rng = common::rng(15);
     // Values that bf16, f16 and f32 all hold exactly (8 significant bits).
-    let values: Vec<f32> = (0..WIDTH).map(|_| f32::from(rng.gen_range(-255i16..256)) / 8.0).collect();
+    let values: Vec<f32> = (0..WIDTH)
+        .map(|_| f32::from(rng.gen_range(-255i16..256)) / 8.0)
+        .collect();
     let typed = common::TypedRows::new(&values);
     for dtype in Dtype::ALL {
         let c = codec(dtype);
         let mut reference = vec![0u8; c.bytes_per_token()];
-        c.encode(values[..RANK].into(), values[RANK..].into(), &mut reference).unwrap();
+        c.encode(values[..RANK].into(), values[RANK..].into(), &mut reference)
+            .unwrap();
         for elem in ElemType::ALL {
             let v = typed.get(elem);
             let mut bytes = vec![0u8; c.bytes_per_token()];
-            c.encode(v.window(0, RANK).unwrap(), v.window(RANK, ROPE).unwrap(), &mut bytes).unwrap();
+            c.encode(
+                v.window(0, RANK).unwrap(),
+                v.window(RANK, ROPE).unwrap(),
+                &mut bytes,
+            )
+            .unwrap();
             assert_eq!(bytes, reference, "{dtype} from {elem}");
         }
     }
@@ -170,17 +243,29 @@ fn batch_helpers_match_one_latent_at_a_time() {
     let mut rng = common::rng(16);
     let tokens = 37;
     let c_kv = common::gaussian_rows(&mut rng, tokens, RANK, &[0], 8.0);
-    let k_pe: Vec<bf16> = common::gaussian_rows(&mut rng, tokens, ROPE, &[], 1.0).iter().map(|&v| bf16::from_f32(v)).collect();
+    let k_pe: Vec<bf16> = common::gaussian_rows(&mut rng, tokens, ROPE, &[], 1.0)
+        .iter()
+        .map(|&v| bf16::from_f32(v))
+        .collect();
     for dtype in Dtype::ALL {
         let c = codec(dtype);
         let bpt = c.bytes_per_token();
         let mut batch = vec![0u8; tokens * bpt];
-        assert_eq!(c.encode_batch((&c_kv).into(), (&k_pe).into(), &mut batch).unwrap(), tokens);
+        assert_eq!(
+            c.encode_batch((&c_kv).into(), (&k_pe).into(), &mut batch)
+                .unwrap(),
+            tokens
+        );
         let mut decoded = vec![0f32; tokens * WIDTH];
         assert_eq!(c.decode_batch(&batch, &mut decoded).unwrap(), tokens);
         for t in 0..tokens {
             let mut one = vec![0u8; bpt];
-            c.encode(c_kv[t * RANK..][..RANK].into(), k_pe[t * ROPE..][..ROPE].into(), &mut one).unwrap();
+            c.encode(
+                c_kv[t * RANK..][..RANK].into(),
+                k_pe[t * ROPE..][..ROPE].into(),
+                &mut one,
+            )
+            .unwrap();
             assert_eq!(one, batch[t * bpt..][..bpt]);
             let mut out = vec![0f32; WIDTH];
             c.decode_f32(&one, &mut out).unwrap();
@@ -188,10 +273,20 @@ fn batch_helpers_match_one_latent_at_a_time() {
         }
         // Mismatched lengths are errors that write nothing.
         let mut short = vec![7u8; (tokens - 1) * bpt];
-        assert!(c.encode_batch((&c_kv).into(), (&k_pe).into(), &mut short).is_err());
+        assert!(c
+            .encode_batch((&c_kv).into(), (&k_pe).into(), &mut short)
+            .is_err());
         assert!(short.iter().all(|&b| b == 7));
-        assert!(c.encode_batch((&c_kv).into(), (&k_pe).into(), &mut vec![0u8; tokens * bpt + 1]).is_err());
-        assert!(c.decode_batch(&batch, &mut vec![0f32; tokens * WIDTH - 1]).is_err());
+        assert!(c
+            .encode_batch(
+                (&c_kv).into(),
+                (&k_pe).into(),
+                &mut vec![0u8; tokens * bpt + 1]
+            )
+            .is_err());
+        assert!(c
+            .decode_batch(&batch, &mut vec![0f32; tokens * WIDTH - 1])
+            .is_err());
     }
 }
 
@@ -202,9 +297,15 @@ fn wrong_lengths_are_errors_and_leave_the_output_alone() {
         let mut out = vec![9u8; c.bytes_per_token()];
         let nope = vec![1f32; RANK];
         let rope = vec![1f32; ROPE];
-        assert!(c.encode(nope[1..].into(), (&rope).into(), &mut out).is_err());
-        assert!(c.encode((&nope).into(), rope[1..].into(), &mut out).is_err());
-        assert!(c.encode((&nope).into(), (&rope).into(), &mut out[1..]).is_err());
+        assert!(c
+            .encode(nope[1..].into(), (&rope).into(), &mut out)
+            .is_err());
+        assert!(c
+            .encode((&nope).into(), rope[1..].into(), &mut out)
+            .is_err());
+        assert!(c
+            .encode((&nope).into(), (&rope).into(), &mut out[1..])
+            .is_err());
         assert!(out.iter().all(|&b| b == 9));
         let mut decoded = vec![3f32; WIDTH];
         assert!(c.decode_f32(&out[1..], &mut decoded).is_err());
@@ -221,13 +322,15 @@ fn other_geometries_work_and_bad_ones_are_rejected() {
         assert_eq!(c.bytes_per_token(), dtype.bytes_per_token(256, 32).unwrap());
         let row = common::gaussian_rows(&mut rng, 1, 288, &[], 1.0);
         let mut bytes = vec![0u8; c.bytes_per_token()];
-        c.encode(row[..256].into(), row[256..].into(), &mut bytes).unwrap();
+        c.encode(row[..256].into(), row[256..].into(), &mut bytes)
+            .unwrap();
         let mut back = vec![0f32; 288];
         c.decode_f32(&bytes, &mut back).unwrap();
         assert!(common::relative_rms(&back, &row) < 0.06);
         let c = Codec::new(dtype, 512, 0).unwrap();
         let mut bytes = vec![0u8; c.bytes_per_token()];
-        c.encode(Values::F32(&[1.0; 512]), Values::F32(&[]), &mut bytes).unwrap();
+        c.encode(Values::F32(&[1.0; 512]), Values::F32(&[]), &mut bytes)
+            .unwrap();
     }
     assert!(Codec::new(Dtype::Fp8DsMla, 96, 64).is_err());
     assert!(Codec::new(Dtype::Mxfp6, 48, 64).is_err());

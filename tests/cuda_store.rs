@@ -411,13 +411,18 @@ fn whole_blocks_move_between_device_and_host_tier() {
         let mut layers: Vec<Vec<u8>> = Vec::new();
         for layer in 0..3 {
             let view = store.layer_view(layer).unwrap();
-            let bytes: Vec<u8> = (0..view.len_bytes()).map(|_| rand::Rng::gen(&mut rng)).collect();
+            let bytes: Vec<u8> = (0..view.len_bytes())
+                .map(|_| rand::Rng::gen(&mut rng))
+                .collect();
             // SAFETY: the layer's memory; nothing is in flight.
             unsafe { cu::memcpy_htod_sync(view.addr as sys::CUdeviceptr, &bytes) }.unwrap();
             layers.push(bytes);
         }
         let block_of = |layers: &[Vec<u8>], b: usize| -> Vec<u8> {
-            layers.iter().flat_map(|l| l[b * per_layer..(b + 1) * per_layer].to_vec()).collect()
+            layers
+                .iter()
+                .flat_map(|l| l[b * per_layer..(b + 1) * per_layer].to_vec())
+                .collect()
         };
         let mut out = vec![0u8; BlockTransfer::block_bytes(&*store)];
         BlockTransfer::read_block(&*store, 5, &mut out, gpu.stream()).unwrap();
@@ -426,7 +431,10 @@ fn whole_blocks_move_between_device_and_host_tier() {
         for (layer, bytes) in layers.iter_mut().enumerate() {
             bytes.copy_within(5 * per_layer..6 * per_layer, 2 * per_layer);
             let view = store.layer_view(layer).unwrap();
-            assert!(download(view.addr, view.len_bytes()) == *bytes, "{dtype}: write_block layer {layer}");
+            assert!(
+                download(view.addr, view.len_bytes()) == *bytes,
+                "{dtype}: write_block layer {layer}"
+            );
         }
         assert!(matches!(
             BlockTransfer::read_block(&*store, 12, &mut out, gpu.stream()),
@@ -435,22 +443,42 @@ fn whole_blocks_move_between_device_and_host_tier() {
         assert!(BlockTransfer::write_block(&*store, 0, &out[1..], gpu.stream()).is_err());
 
         let host = HostTier::new(out.len(), 16).unwrap();
-        let tiers = TierOptions { host: Some(host), stream: gpu.stream(), ..TierOptions::default() };
-        let cache = TieredCache::new(BlockManager::new(config.clone()).unwrap(), store.clone(), tiers).unwrap();
+        let tiers = TierOptions {
+            host: Some(host),
+            stream: gpu.stream(),
+            ..TierOptions::default()
+        };
+        let cache = TieredCache::new(
+            BlockManager::new(config.clone()).unwrap(),
+            store.clone(),
+            tiers,
+        )
+        .unwrap();
         let prompt: Vec<u32> = (0..13).collect();
-        let chunked = AdmitOptions { chunked_prefill: true, ..AdmitOptions::default() };
+        let chunked = AdmitOptions {
+            chunked_prefill: true,
+            ..AdmitOptions::default()
+        };
         let a = cache.admit(1, &prompt, &chunked).unwrap();
-        let before: Vec<Vec<u8>> = a.block_ids[..3].iter().map(|&b| block_of(&layers, b as usize)).collect();
+        let before: Vec<Vec<u8>> = a.block_ids[..3]
+            .iter()
+            .map(|&b| block_of(&layers, b as usize))
+            .collect();
         cache.commit(1, prompt.len()).unwrap();
         cache.free(1).unwrap();
-        assert_eq!(cache.host().unwrap().stats().blocks, 3, "{dtype}: written through on commit");
+        assert_eq!(
+            cache.host().unwrap().stats().blocks,
+            3,
+            "{dtype}: written through on commit"
+        );
         let other: Vec<u32> = (1000..1048).collect();
         cache.admit(2, &other, &AdmitOptions::default()).unwrap();
         cache.free(2).unwrap();
         for layer in 0..3 {
             let view = store.layer_view(layer).unwrap();
             // SAFETY: the layer's memory; nothing is in flight.
-            unsafe { cu::memset_d8_sync(view.addr as sys::CUdeviceptr, 0, view.len_bytes()) }.unwrap();
+            unsafe { cu::memset_d8_sync(view.addr as sys::CUdeviceptr, 0, view.len_bytes()) }
+                .unwrap();
         }
         let b = cache.admit(3, &prompt, &AdmitOptions::default()).unwrap();
         assert_eq!(b.hits.host_tokens, 12, "{dtype}");

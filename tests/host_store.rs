@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use mla_cache::codec::{Codec, ElemType, Values};
-use mla_cache::store::{Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc};
+use mla_cache::store::{
+    Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc,
+};
 use mla_cache::{BlockId, CacheConfig, Dtype};
 use proptest::prelude::*;
 
@@ -17,16 +19,25 @@ const ROPE: usize = 64;
 const WIDTH: usize = RANK + ROPE;
 
 fn config(dtype: Dtype) -> CacheConfig {
-    CacheConfig { num_layers: 3, block_size: 16, dtype, ..CacheConfig::new(8) }
+    CacheConfig {
+        num_layers: 3,
+        block_size: 16,
+        dtype,
+        ..CacheConfig::new(8)
+    }
 }
 
 fn snapshot(store: &HostStore) -> Vec<Vec<u8>> {
-    (0..store.config().num_layers).map(|l| store.with_layer_bytes(l, |b| b.to_vec()).unwrap()).collect()
+    (0..store.config().num_layers)
+        .map(|l| store.with_layer_bytes(l, |b| b.to_vec()).unwrap())
+        .collect()
 }
 
 /// Slots of `tokens` consecutive tokens of a sequence with `table`.
 fn slots_for(table: &[BlockId], tokens: usize, block_size: usize) -> Vec<i64> {
-    (0..tokens).map(|t| (table[t / block_size] as usize * block_size + t % block_size) as i64).collect()
+    (0..tokens)
+        .map(|t| (table[t / block_size] as usize * block_size + t % block_size) as i64)
+        .collect()
 }
 
 /// What the codec makes of `tokens` rows.
@@ -63,21 +74,41 @@ fn write_then_gather_round_trips_in_every_format_and_input_type() {
     let tokens = 37; // two full blocks and a partial one
     let table: Vec<BlockId> = vec![5, 2, 7];
     let slots = slots_for(&table, tokens, 16);
-    let c = common::TypedRows::new(&common::gaussian_rows(&mut rng, tokens, RANK, &[1, 300], 12.0));
+    let c = common::TypedRows::new(&common::gaussian_rows(
+        &mut rng,
+        tokens,
+        RANK,
+        &[1, 300],
+        12.0,
+    ));
     let k = common::TypedRows::new(&common::gaussian_rows(&mut rng, tokens, ROPE, &[], 1.0));
     for dtype in Dtype::ALL {
         for c_type in ElemType::ALL {
             let k_type = ElemType::ALL[(c_type as usize + 1) % 3];
             let store = HostStore::new(&config(dtype)).unwrap();
-            store.write(1, c.get(c_type), k.get(k_type), &slots).unwrap();
+            store
+                .write(1, c.get(c_type), k.get(k_type), &slots)
+                .unwrap();
             let expected = expected_f32(store.codec(), c.get(c_type), k.get(k_type), tokens);
-            assert_eq!(store.gather_f32(1, &table, tokens).unwrap(), expected, "{dtype} {c_type}");
+            assert_eq!(
+                store.gather_f32(1, &table, tokens).unwrap(),
+                expected,
+                "{dtype} {c_type}"
+            );
             let narrow = store.gather_bf16(1, &table, tokens).unwrap();
-            assert!(narrow.iter().zip(&expected).all(|(a, b)| a.to_f32() == *b), "{dtype} {c_type} bf16");
+            assert!(
+                narrow.iter().zip(&expected).all(|(a, b)| a.to_f32() == *b),
+                "{dtype} {c_type} bf16"
+            );
             // A prefix of the sequence, and the other layers stay zero.
-            assert_eq!(store.gather_f32(1, &table[..1], 5).unwrap(), expected[..5 * WIDTH]);
+            assert_eq!(
+                store.gather_f32(1, &table[..1], 5).unwrap(),
+                expected[..5 * WIDTH]
+            );
             for layer in [0, 2] {
-                assert!(store.with_layer_bytes(layer, |b| b.iter().all(|&x| x == 0)).unwrap());
+                assert!(store
+                    .with_layer_bytes(layer, |b| b.iter().all(|&x| x == 0))
+                    .unwrap());
             }
         }
     }
@@ -97,7 +128,10 @@ fn negative_slots_are_skipped_and_leave_their_bytes_alone() {
         let after = snapshot(&store);
         assert_eq!(before[1..], after[1..]);
         for slot in 0..store.config().num_tokens() {
-            let (b, a) = (&before[0][slot * bpt..][..bpt], &after[0][slot * bpt..][..bpt]);
+            let (b, a) = (
+                &before[0][slot * bpt..][..bpt],
+                &after[0][slot * bpt..][..bpt],
+            );
             if slot == 3 || slot == 9 {
                 assert_ne!(a, b, "{dtype}: slot {slot} should be written");
             } else {
@@ -113,7 +147,9 @@ fn copy_blocks_copies_every_layer_and_nothing_else() {
         let store = HostStore::new(&config(dtype)).unwrap();
         fill(&store, 22);
         let before = snapshot(&store);
-        store.copy_blocks(&[(1, 4), (2, 6), (1, 0)], Stream::default()).unwrap();
+        store
+            .copy_blocks(&[(1, 4), (2, 6), (1, 0)], Stream::default())
+            .unwrap();
         let after = snapshot(&store);
         let block = 16 * store.codec().bytes_per_token();
         let range = |b: usize| b * block..(b + 1) * block;
@@ -143,21 +179,54 @@ fn every_error_leaves_memory_and_outputs_unchanged() {
     let write_errors: Vec<(&str, mla_cache::Result<()>)> = vec![
         ("layer out of range", store.write(3, &c, &k, &[0, 1])),
         ("c_kv too short", store.write(0, &c[1..], &k, &[0, 1])),
-        ("k_pe too long", store.write(0, &c, &vec![1.0f32; 2 * ROPE + 1], &[0, 1])),
-        ("slot past the end after a good one", store.write(0, &c, &k, &[0, capacity])),
-        ("slot far past the end", store.write(0, &c, &k, &[i64::MAX, 1])),
-        ("copy: block out of range", store.copy_blocks(&[(0, 1), (8, 2)], s)),
-        ("copy: destination twice", store.copy_blocks(&[(0, 1), (2, 1)], s)),
-        ("copy: destination is a source", store.copy_blocks(&[(0, 1), (1, 2)], s)),
+        (
+            "k_pe too long",
+            store.write(0, &c, &vec![1.0f32; 2 * ROPE + 1], &[0, 1]),
+        ),
+        (
+            "slot past the end after a good one",
+            store.write(0, &c, &k, &[0, capacity]),
+        ),
+        (
+            "slot far past the end",
+            store.write(0, &c, &k, &[i64::MAX, 1]),
+        ),
+        (
+            "copy: block out of range",
+            store.copy_blocks(&[(0, 1), (8, 2)], s),
+        ),
+        (
+            "copy: destination twice",
+            store.copy_blocks(&[(0, 1), (2, 1)], s),
+        ),
+        (
+            "copy: destination is a source",
+            store.copy_blocks(&[(0, 1), (1, 2)], s),
+        ),
         ("copy: onto itself", store.copy_blocks(&[(3, 3)], s)),
     ];
     let mut out = vec![7f32; 20 * WIDTH];
     let gather_errors: Vec<(&str, mla_cache::Result<()>)> = vec![
-        ("gather: layer out of range", store.gather_into(5, &[0, 1], &mut out)),
-        ("gather: table too short", store.gather_into(0, &[0], &mut out)),
-        ("gather: block out of range", store.gather_into(0, &[0, 8], &mut out)),
-        ("gather: block -1 as u32", store.gather_into(0, &[u32::MAX, 0], &mut out)),
-        ("gather: partial row", store.gather_into(0, &[0, 1], &mut out[1..])),
+        (
+            "gather: layer out of range",
+            store.gather_into(5, &[0, 1], &mut out),
+        ),
+        (
+            "gather: table too short",
+            store.gather_into(0, &[0], &mut out),
+        ),
+        (
+            "gather: block out of range",
+            store.gather_into(0, &[0, 8], &mut out),
+        ),
+        (
+            "gather: block -1 as u32",
+            store.gather_into(0, &[u32::MAX, 0], &mut out),
+        ),
+        (
+            "gather: partial row",
+            store.gather_into(0, &[0, 1], &mut out[1..]),
+        ),
     ];
     for (what, result) in write_errors.into_iter().chain(gather_errors) {
         assert!(result.is_err(), "{what} should fail");
@@ -174,15 +243,70 @@ fn every_error_leaves_memory_and_outputs_unchanged() {
     let slots = [0i64, 1];
     let good_s = VectorDesc::from_slice(&slots);
     let raw_writes = [
-        ("null c_kv", MatrixDesc { addr: 0, ..good_c }, good_k, good_s),
-        ("misaligned c_kv", MatrixDesc { addr: good_c.addr + 2, ..good_c }, good_k, good_s),
-        ("overlapping rows", MatrixDesc { row_stride: 4, ..good_c }, good_k, good_s),
-        ("stride not a multiple of the element", MatrixDesc { row_stride: RANK * 4 + 2, ..good_c }, good_k, good_s),
-        ("wrong width", MatrixDesc { cols: RANK - 1, ..good_c }, good_k, good_s),
-        ("wrong rows", good_c, MatrixDesc { rows: 3, ..good_k }, good_s),
-        ("extent overflows", MatrixDesc { row_stride: usize::MAX / 2, ..good_c }, good_k, good_s),
+        (
+            "null c_kv",
+            MatrixDesc { addr: 0, ..good_c },
+            good_k,
+            good_s,
+        ),
+        (
+            "misaligned c_kv",
+            MatrixDesc {
+                addr: good_c.addr + 2,
+                ..good_c
+            },
+            good_k,
+            good_s,
+        ),
+        (
+            "overlapping rows",
+            MatrixDesc {
+                row_stride: 4,
+                ..good_c
+            },
+            good_k,
+            good_s,
+        ),
+        (
+            "stride not a multiple of the element",
+            MatrixDesc {
+                row_stride: RANK * 4 + 2,
+                ..good_c
+            },
+            good_k,
+            good_s,
+        ),
+        (
+            "wrong width",
+            MatrixDesc {
+                cols: RANK - 1,
+                ..good_c
+            },
+            good_k,
+            good_s,
+        ),
+        (
+            "wrong rows",
+            good_c,
+            MatrixDesc { rows: 3, ..good_k },
+            good_s,
+        ),
+        (
+            "extent overflows",
+            MatrixDesc {
+                row_stride: usize::MAX / 2,
+                ..good_c
+            },
+            good_k,
+            good_s,
+        ),
         ("null slots", good_c, good_k, VectorDesc::new(0, 2)),
-        ("misaligned slots", good_c, good_k, VectorDesc::new(slots.as_ptr() as usize + 4, 2)),
+        (
+            "misaligned slots",
+            good_c,
+            good_k,
+            VectorDesc::new(slots.as_ptr() as usize + 4, 2),
+        ),
     ];
     for (what, cd, kd, sd) in raw_writes {
         // SAFETY: every descriptor is rejected before memory is read.
@@ -211,29 +335,61 @@ fn raw_descriptors_with_padded_rows_match_the_slice_api() {
     let (pad_c, pad_k, pad_out) = (RANK + 40, ROPE + 8, WIDTH + 24);
     let values = common::gaussian_rows(&mut rng, tokens, pad_c, &[], 2.0);
     let c: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-    let k: Vec<bf16> = common::gaussian_rows(&mut rng, tokens, pad_k, &[], 1.0).iter().map(|&v| bf16::from_f32(v)).collect();
+    let k: Vec<bf16> = common::gaussian_rows(&mut rng, tokens, pad_k, &[], 1.0)
+        .iter()
+        .map(|&v| bf16::from_f32(v))
+        .collect();
     let table: Vec<BlockId> = vec![3];
     let slots = slots_for(&table, tokens, 16);
     for dtype in Dtype::ALL {
         let raw = HostStore::new(&config(dtype)).unwrap();
         let plain = HostStore::new(&config(dtype)).unwrap();
-        let cd = MatrixDesc { addr: c.as_ptr() as usize, elem: ElemType::F16, rows: tokens, cols: RANK, row_stride: 2 * pad_c };
-        let kd = MatrixDesc { addr: k.as_ptr() as usize, elem: ElemType::Bf16, rows: tokens, cols: ROPE, row_stride: 2 * pad_k };
+        let cd = MatrixDesc {
+            addr: c.as_ptr() as usize,
+            elem: ElemType::F16,
+            rows: tokens,
+            cols: RANK,
+            row_stride: 2 * pad_c,
+        };
+        let kd = MatrixDesc {
+            addr: k.as_ptr() as usize,
+            elem: ElemType::Bf16,
+            rows: tokens,
+            cols: ROPE,
+            row_stride: 2 * pad_k,
+        };
         // SAFETY: the descriptors cover live vectors, read-only for the call.
-        unsafe { raw.write_raw(2, cd, kd, VectorDesc::from_slice(&slots), Stream(0)).unwrap() };
+        unsafe {
+            raw.write_raw(2, cd, kd, VectorDesc::from_slice(&slots), Stream(0))
+                .unwrap()
+        };
         let dense_c: Vec<f16> = c.chunks(pad_c).flat_map(|r| r[..RANK].to_vec()).collect();
         let dense_k: Vec<bf16> = k.chunks(pad_k).flat_map(|r| r[..ROPE].to_vec()).collect();
         plain.write(2, &dense_c, &dense_k, &slots).unwrap();
         assert_eq!(snapshot(&raw), snapshot(&plain));
 
         let mut out = vec![-1f32; tokens * pad_out];
-        let od = MatrixDesc { addr: out.as_mut_ptr() as usize, elem: ElemType::F32, rows: tokens, cols: WIDTH, row_stride: 4 * pad_out };
+        let od = MatrixDesc {
+            addr: out.as_mut_ptr() as usize,
+            elem: ElemType::F32,
+            rows: tokens,
+            cols: WIDTH,
+            row_stride: 4 * pad_out,
+        };
         // SAFETY: `out` is a live exclusive vector covering the descriptor.
-        unsafe { raw.gather_raw(2, VectorDesc::from_slice(&table), od, Stream(0)).unwrap() };
+        unsafe {
+            raw.gather_raw(2, VectorDesc::from_slice(&table), od, Stream(0))
+                .unwrap()
+        };
         let dense = plain.gather_f32(2, &table, tokens).unwrap();
         for t in 0..tokens {
             assert_eq!(out[t * pad_out..][..WIDTH], dense[t * WIDTH..][..WIDTH]);
-            assert!(out[t * pad_out + WIDTH..(t + 1) * pad_out].iter().all(|&v| v == -1.0), "padding untouched");
+            assert!(
+                out[t * pad_out + WIDTH..(t + 1) * pad_out]
+                    .iter()
+                    .all(|&v| v == -1.0),
+                "padding untouched"
+            );
         }
     }
 }
@@ -261,7 +417,10 @@ fn layer_views_describe_the_memory() {
 
 #[test]
 fn huge_page_option_works_with_or_without_system_support() {
-    let config = CacheConfig { num_layers: 2, ..CacheConfig::new(64) };
+    let config = CacheConfig {
+        num_layers: 2,
+        ..CacheConfig::new(64)
+    };
     let store = HostStore::with_options(&config, HostStoreOptions { huge_pages: true }).unwrap();
     println!("pages: {:?}", store.page_kind());
     let c = vec![0.5f32; RANK];
@@ -270,22 +429,35 @@ fn huge_page_option_works_with_or_without_system_support() {
     let last_block = [63u32];
     let out = store.gather_f32(1, &last_block, 64).unwrap();
     assert!(out[63 * WIDTH..][..RANK].iter().all(|&v| v == 0.5));
-    assert_eq!(HostStore::new(&config).unwrap().page_kind(), mla_cache::store::PageKind::Regular);
+    assert_eq!(
+        HostStore::new(&config).unwrap().page_kind(),
+        mla_cache::store::PageKind::Regular
+    );
 }
 
 #[test]
 fn invalid_configs_are_rejected() {
     assert!(HostStore::new(&CacheConfig::new(0)).is_err());
-    let c = CacheConfig { kv_lora_rank: 100, dtype: Dtype::Mxfp6, ..CacheConfig::new(4) };
+    let c = CacheConfig {
+        kv_lora_rank: 100,
+        dtype: Dtype::Mxfp6,
+        ..CacheConfig::new(4)
+    };
     assert!(HostStore::new(&c).is_err());
-    let huge = CacheConfig { num_layers: 61, block_size: 1 << 20, ..CacheConfig::new(1 << 30) };
+    let huge = CacheConfig {
+        num_layers: 61,
+        block_size: 1 << 20,
+        ..CacheConfig::new(1 << 30)
+    };
     assert!(HostStore::new(&huge).is_err());
 }
 
 #[test]
 fn zero_tokens_are_fine() {
     let store = HostStore::new(&config(Dtype::Bf16)).unwrap();
-    store.write(0, Values::F32(&[]), Values::F32(&[]), &[]).unwrap();
+    store
+        .write(0, Values::F32(&[]), Values::F32(&[]), &[])
+        .unwrap();
     assert!(store.gather_f32(0, &[], 0).unwrap().is_empty());
 }
 
@@ -306,14 +478,19 @@ fn concurrent_writers_and_readers_see_whole_tokens() {
                     store.write(0, &c, &k, &slots).unwrap();
                     let out = store.gather_f32(0, &table, 32).unwrap();
                     let mut bytes = vec![0u8; store.codec().bytes_per_token()];
-                    store.codec().encode(c[..RANK].into(), k[..ROPE].into(), &mut bytes).unwrap();
+                    store
+                        .codec()
+                        .encode(c[..RANK].into(), k[..ROPE].into(), &mut bytes)
+                        .unwrap();
                     let mut expected = vec![0f32; WIDTH];
                     store.codec().decode_f32(&bytes, &mut expected).unwrap();
                     // Nobody else writes these blocks, and no token is torn.
                     for row in out.chunks(WIDTH) {
                         assert_eq!(row, expected.as_slice());
                     }
-                    store.copy_blocks(&[(2 * i, 2 * i + 1)], Stream::default()).unwrap();
+                    store
+                        .copy_blocks(&[(2 * i, 2 * i + 1)], Stream::default())
+                        .unwrap();
                 }
             })
         })

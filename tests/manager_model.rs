@@ -17,13 +17,32 @@ const BLOCKS: usize = 12;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Admit { id: u64, prompt: Vec<u32>, decode: usize },
-    Append { id: u64, tokens: Vec<u32> },
-    Fork { parent: u64, child: u64 },
-    Free { id: u64 },
-    Reserve { id: u64, total: usize },
-    EvictBlocks { blocks: Vec<u32> },
-    Evict { n: usize },
+    Admit {
+        id: u64,
+        prompt: Vec<u32>,
+        decode: usize,
+    },
+    Append {
+        id: u64,
+        tokens: Vec<u32>,
+    },
+    Fork {
+        parent: u64,
+        child: u64,
+    },
+    Free {
+        id: u64,
+    },
+    Reserve {
+        id: u64,
+        total: usize,
+    },
+    EvictBlocks {
+        blocks: Vec<u32>,
+    },
+    Evict {
+        n: usize,
+    },
 }
 
 #[derive(Default, Clone)]
@@ -104,8 +123,9 @@ impl Model {
     fn index(&mut self, id: u64, from: usize) {
         let r = &self.reqs[&id];
         let full = r.tokens.len() / BS;
-        let pending: Vec<(Vec<u32>, u32)> =
-            (from..full).map(|i| (r.tokens[..(i + 1) * BS].to_vec(), r.blocks[i])).collect();
+        let pending: Vec<(Vec<u32>, u32)> = (from..full)
+            .map(|i| (r.tokens[..(i + 1) * BS].to_vec(), r.blocks[i]))
+            .collect();
         for (key, b) in pending {
             if !self.cached.contains_key(&key) && self.blocks[b as usize].key.is_none() {
                 self.cached.insert(key.clone(), b);
@@ -117,19 +137,29 @@ impl Model {
     fn admit(&mut self, id: u64, prompt: &[u32], decode: usize) -> Result<usize, Error> {
         let needed = (prompt.len() + decode).div_ceil(BS);
         if needed > BLOCKS {
-            return Err(Error::RequestTooLarge { needed, total: BLOCKS });
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: BLOCKS,
+            });
         }
         if self.reqs.contains_key(&id) {
             return Err(Error::DuplicateRequest(id));
         }
         let limit = (prompt.len() - 1) / BS;
-        let hits: Vec<u32> =
-            (0..limit).map_while(|i| self.cached.get(&prompt[..(i + 1) * BS]).copied()).collect();
-        let reviving = hits.iter().filter(|&&b| self.blocks[b as usize].refs == 0).count();
+        let hits: Vec<u32> = (0..limit)
+            .map_while(|i| self.cached.get(&prompt[..(i + 1) * BS]).copied())
+            .collect();
+        let reviving = hits
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].refs == 0)
+            .count();
         let available = self.free_count() - reviving;
         let fresh = needed - hits.len();
         if fresh > available {
-            return Err(Error::OutOfBlocks { needed: fresh, available });
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available,
+            });
         }
         let mut blocks = hits.clone();
         for &b in &hits {
@@ -138,7 +168,13 @@ impl Model {
         for _ in 0..fresh {
             blocks.push(self.alloc());
         }
-        self.reqs.insert(id, MReq { tokens: prompt.to_vec(), blocks });
+        self.reqs.insert(
+            id,
+            MReq {
+                tokens: prompt.to_vec(),
+                blocks,
+            },
+        );
         self.index(id, hits.len());
         self.hit_tokens += (hits.len() * BS) as u64;
         Ok(hits.len() * BS)
@@ -149,13 +185,19 @@ impl Model {
         let len = r.tokens.len();
         let needed = (len + tokens.len()).div_ceil(BS);
         if needed > BLOCKS {
-            return Err(Error::RequestTooLarge { needed, total: BLOCKS });
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: BLOCKS,
+            });
         }
         let grow = needed.saturating_sub(r.blocks.len());
         let cow = len % BS != 0 && self.blocks[r.blocks[len / BS] as usize].refs > 1;
         let fresh = grow + usize::from(cow);
         if fresh > self.free_count() {
-            return Err(Error::OutOfBlocks { needed: fresh, available: self.free_count() });
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available: self.free_count(),
+            });
         }
         let mut r = self.reqs.remove(&id).unwrap();
         if cow {
@@ -177,7 +219,10 @@ impl Model {
         if self.reqs.contains_key(&child) {
             return Err(Error::DuplicateRequest(child));
         }
-        let p = self.reqs.get(&parent).ok_or(Error::UnknownRequest(parent))?;
+        let p = self
+            .reqs
+            .get(&parent)
+            .ok_or(Error::UnknownRequest(parent))?;
         let tokens = p.tokens.clone();
         let blocks = p.blocks[..tokens.len().div_ceil(BS)].to_vec();
         for &b in &blocks {
@@ -192,14 +237,20 @@ impl Model {
         let len = r.tokens.len();
         let needed = total.div_ceil(BS);
         if needed > BLOCKS {
-            return Err(Error::RequestTooLarge { needed, total: BLOCKS });
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: BLOCKS,
+            });
         }
         let grow = needed.saturating_sub(r.blocks.len());
         // Slots past the tokens get written at once: a shared partial tail is copied first.
         let cow = total > len && len % BS != 0 && self.blocks[r.blocks[len / BS] as usize].refs > 1;
         let fresh = grow + usize::from(cow);
         if fresh > self.free_count() {
-            return Err(Error::OutOfBlocks { needed: fresh, available: self.free_count() });
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available: self.free_count(),
+            });
         }
         let mut r = self.reqs.remove(&id).unwrap();
         if cow {
@@ -257,11 +308,13 @@ impl Model {
 
 fn op() -> impl Strategy<Value = Op> {
     // Prompts share prefixes: a few bases, cut at random lengths, with a small tail alphabet.
-    let prompt = (0..3u32, 1..20usize, prop::collection::vec(0..3u32, 0..6)).prop_map(|(base, cut, tail)| {
-        let mut p: Vec<u32> = (0..cut as u32).map(|i| base * 100 + i).collect();
-        p.extend(tail);
-        p
-    });
+    let prompt = (0..3u32, 1..20usize, prop::collection::vec(0..3u32, 0..6)).prop_map(
+        |(base, cut, tail)| {
+            let mut p: Vec<u32> = (0..cut as u32).map(|i| base * 100 + i).collect();
+            p.extend(tail);
+            p
+        },
+    );
     prop_oneof![
         3 => (0..6u64, prompt, 0..6usize).prop_map(|(id, prompt, decode)| Op::Admit { id, prompt, decode }),
         4 => (0..6u64, prop::collection::vec(0..3u32, 1..6)).prop_map(|(id, tokens)| Op::Append { id, tokens }),

@@ -536,15 +536,24 @@ fn evict_blocks_moves_a_free_cached_block_to_the_unhashed_list() {
         // Drop the root: the chain is unreachable from its start.
         assert_eq!(m.evict_blocks(&[a.block_ids[0]]).unwrap(), 1, "{kind}");
         assert_eq!(removed_hashes(&m), vec![stored[0]]);
-        assert_eq!(m.match_prefix(&toks(0..9), &ExtraKeys::default()).num_tokens, 0);
+        assert_eq!(
+            m.match_prefix(&toks(0..9), &ExtraKeys::default())
+                .num_tokens,
+            0
+        );
         let s = m.stats();
-        assert_eq!((s.cached_blocks, s.evictable_blocks, s.free_blocks), (1, 1, 4));
+        assert_eq!(
+            (s.cached_blocks, s.evictable_blocks, s.free_blocks),
+            (1, 1, 4)
+        );
         assert_eq!(s.evictions, 0, "dropping is not evicting to make room");
         ok(&m);
         // Unhashed blocks are reused first: the never-used block 3, then a's
         // partial tail (freed first, tail first), then the dropped root; the
         // cached second block is evicted last.
-        let b = m.admit(2, &toks(100..113), &AdmitOptions::default()).unwrap();
+        let b = m
+            .admit(2, &toks(100..113), &AdmitOptions::default())
+            .unwrap();
         assert_eq!(
             b.block_ids,
             vec![3, a.block_ids[2], a.block_ids[0], a.block_ids[1]],
@@ -562,7 +571,8 @@ fn evict_blocks_leaves_a_block_in_use_with_its_holders_unshared() {
     m.take_events();
     // Skipped: a partial block, an id twice; counted once.
     assert_eq!(
-        m.evict_blocks(&[a.block_ids[1], a.block_ids[2], a.block_ids[1]]).unwrap(),
+        m.evict_blocks(&[a.block_ids[1], a.block_ids[2], a.block_ids[1]])
+            .unwrap(),
         1
     );
     assert_eq!(removed_hashes(&m).len(), 1);
@@ -573,7 +583,10 @@ fn evict_blocks_leaves_a_block_in_use_with_its_holders_unshared() {
     assert_eq!(b.num_cached_tokens, 4);
     assert_ne!(b.block_ids[1], a.block_ids[1]);
     // b cached its own copy of the second block; a keeps decoding on its own.
-    assert_eq!(m.match_prefix(&toks(0..9), &ExtraKeys::default()).block_ids, b.block_ids[..2]);
+    assert_eq!(
+        m.match_prefix(&toks(0..9), &ExtraKeys::default()).block_ids,
+        b.block_ids[..2]
+    );
     m.append(1, &[9, 10, 11]).unwrap();
     ok(&m);
     // Freed, the dropped block joins the unhashed list (after the three
@@ -581,7 +594,9 @@ fn evict_blocks_leaves_a_block_in_use_with_its_holders_unshared() {
     m.free(1).unwrap();
     let s = m.stats();
     assert_eq!((s.free_blocks, s.evictable_blocks), (5, 1));
-    let c = m.admit(3, &toks(500..516), &AdmitOptions::default()).unwrap();
+    let c = m
+        .admit(3, &toks(500..516), &AdmitOptions::default())
+        .unwrap();
     assert_eq!(c.block_ids, vec![5, 6, 7, a.block_ids[1]]);
     assert_eq!(m.stats().evictions, 0);
     ok(&m);
@@ -593,8 +608,14 @@ fn evict_blocks_refuses_bad_ids_and_pinned_blocks_changing_nothing() {
     let a = m.admit(1, &toks(0..9), &AdmitOptions::default()).unwrap();
     m.free(1).unwrap();
     m.take_events();
-    assert_eq!(m.evict_blocks(&[a.block_ids[0], 4]), Err(Error::InvalidBlock(4)));
-    assert_eq!(m.evict_blocks(&[u32::MAX]), Err(Error::InvalidBlock(u32::MAX)));
+    assert_eq!(
+        m.evict_blocks(&[a.block_ids[0], 4]),
+        Err(Error::InvalidBlock(4))
+    );
+    assert_eq!(
+        m.evict_blocks(&[u32::MAX]),
+        Err(Error::InvalidBlock(u32::MAX))
+    );
     assert_eq!(m.pin(&toks(0..4), &ExtraKeys::default()).unwrap(), 4);
     // A pinned block stays: its pin is released by prefix, through the index.
     assert!(matches!(
@@ -606,10 +627,16 @@ fn evict_blocks_refuses_bad_ids_and_pinned_blocks_changing_nothing() {
     assert_eq!(m.evict_blocks(&[]).unwrap(), 0);
     ok(&m);
     m.unpin(&toks(0..4), &ExtraKeys::default()).unwrap();
-    assert_eq!(m.evict_blocks(&[a.block_ids[1], a.block_ids[0]]).unwrap(), 2);
+    assert_eq!(
+        m.evict_blocks(&[a.block_ids[1], a.block_ids[0]]).unwrap(),
+        2
+    );
     assert_eq!(m.evict_blocks(&a.block_ids).unwrap(), 0);
     let s = m.stats();
-    assert_eq!((s.cached_blocks, s.evictable_blocks, s.free_blocks), (0, 0, 4));
+    assert_eq!(
+        (s.cached_blocks, s.evictable_blocks, s.free_blocks),
+        (0, 0, 4)
+    );
     ok(&m);
 }
 
@@ -626,7 +653,11 @@ fn a_dropped_block_can_be_cached_again() {
         let b = m.admit(2, &toks(0..4), &AdmitOptions::default()).unwrap();
         assert_eq!((b.num_cached_tokens, b.block_ids[0]), (0, 0));
         m.free(2).unwrap();
-        assert_eq!(m.match_prefix(&toks(0..4), &ExtraKeys::default()).block_ids, [0], "{kind}");
+        assert_eq!(
+            m.match_prefix(&toks(0..4), &ExtraKeys::default()).block_ids,
+            [0],
+            "{kind}"
+        );
         assert_eq!(m.stats().evictable_blocks, 1);
         ok(&m);
     }
@@ -650,7 +681,11 @@ fn evict_takes_the_policys_victims_ahead_of_allocation() {
     assert_eq!(removed_hashes(&m), vec![hashes[2], hashes[1]]);
     let s = m.stats();
     assert_eq!((s.evictions, s.evictable_blocks, s.free_blocks), (2, 1, 6));
-    assert_eq!(m.match_prefix(&toks(0..12), &ExtraKeys::default()).num_tokens, 4);
+    assert_eq!(
+        m.match_prefix(&toks(0..12), &ExtraKeys::default())
+            .num_tokens,
+        4
+    );
     ok(&m);
     assert_eq!(m.evict(5), 1, "only what is cached and free");
     assert_eq!(m.evict(1), 0);
@@ -667,7 +702,10 @@ fn reserve_grows_the_table_without_tokens_all_or_nothing() {
     assert_eq!(out.new_block_ids.len(), 1);
     assert!(out.copies.is_empty());
     let table = m.block_table(1).unwrap();
-    assert_eq!(table, [a.block_ids.clone(), out.new_block_ids.clone()].concat());
+    assert_eq!(
+        table,
+        [a.block_ids.clone(), out.new_block_ids.clone()].concat()
+    );
     assert_eq!(m.num_tokens(1).unwrap(), 5);
     assert_eq!(m.slot_mapping(1, 5..12).unwrap().len(), 7);
     // Never shrinks; the room already there adds nothing.
@@ -678,11 +716,17 @@ fn reserve_grows_the_table_without_tokens_all_or_nothing() {
     m.admit(9, &[900], &AdmitOptions::default()).unwrap();
     assert_eq!(
         m.reserve(1, 25),
-        Err(Error::RequestTooLarge { needed: 7, total: 6 })
+        Err(Error::RequestTooLarge {
+            needed: 7,
+            total: 6
+        })
     );
     assert_eq!(
         m.reserve(1, 24),
-        Err(Error::OutOfBlocks { needed: 3, available: 2 })
+        Err(Error::OutOfBlocks {
+            needed: 3,
+            available: 2
+        })
     );
     assert_eq!(m.reserve(2, 4), Err(Error::UnknownRequest(2)));
     assert_eq!(m.block_table(1).unwrap(), table);
@@ -713,7 +757,10 @@ fn fork_shares_no_reserved_room_and_reserve_copies_a_shared_tail() {
     let BlockCopy { src, dst } = out.copies[0];
     assert_eq!(src, parent[1]);
     assert_eq!(out.new_block_ids.len(), 1);
-    assert_eq!(m.block_table(2).unwrap(), vec![parent[0], dst, out.new_block_ids[0]]);
+    assert_eq!(
+        m.block_table(2).unwrap(),
+        vec![parent[0], dst, out.new_block_ids[0]]
+    );
     assert_eq!(m.stats().cow_copies, 1);
     // Both now own their tails: appends copy nothing.
     assert!(m.append(1, &[6]).unwrap().copies.is_empty());

@@ -35,8 +35,16 @@ struct Servers {
 /// The servers, or `None` (with a note) when none are configured and not required.
 fn servers() -> Option<Servers> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    match (var("MLA_CACHE_REDIS_URL"), var("MLA_CACHE_REDIS_CLUSTER"), var("MLA_CACHE_REDIS_DIR")) {
-        (Some(single), Some(cluster), Some(dir)) => Some(Servers { single, cluster: format!("cluster:{cluster}"), dir }),
+    match (
+        var("MLA_CACHE_REDIS_URL"),
+        var("MLA_CACHE_REDIS_CLUSTER"),
+        var("MLA_CACHE_REDIS_DIR"),
+    ) {
+        (Some(single), Some(cluster), Some(dir)) => Some(Servers {
+            single,
+            cluster: format!("cluster:{cluster}"),
+            dir,
+        }),
         _ if var("MLA_CACHE_REQUIRE_REDIS").as_deref() == Some("1") => {
             panic!("MLA_CACHE_REQUIRE_REDIS=1 but no servers: run `eval \"$(scripts/redis.sh start)\"`")
         }
@@ -49,7 +57,10 @@ fn servers() -> Option<Servers> {
 
 /// A namespace no earlier run used.
 fn fresh_namespace(what: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("test-{what}-{}-{nanos}", std::process::id())
 }
 
@@ -63,18 +74,39 @@ fn quick() -> RedisOptions {
 
 fn format() -> BlockFormat {
     let c = config(Dtype::Fp8DsMla, 8);
-    BlockFormat::new(&c, c.num_layers * c.block_size * c.bytes_per_token_per_layer())
+    BlockFormat::new(
+        &c,
+        c.num_layers * c.block_size * c.bytes_per_token_per_layer(),
+    )
 }
 
-fn node(spec: &str, namespace: &str, budget: Duration, host: Option<usize>) -> (TieredCache, std::sync::Arc<HostStore>) {
+fn node(
+    spec: &str,
+    namespace: &str,
+    budget: Duration,
+    host: Option<usize>,
+) -> (TieredCache, std::sync::Arc<HostStore>) {
     let backend = RedisRemote::from_spec(spec, quick()).unwrap();
-    let options = RemoteOptions { namespace: namespace.into(), lookup_budget: budget, queue_depth: 16 };
+    let options = RemoteOptions {
+        namespace: namespace.into(),
+        lookup_budget: budget,
+        queue_depth: 16,
+    };
     let remote = RemoteTier::new(Box::new(backend), format(), options).unwrap();
-    cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, host, Some(remote))
+    cache(
+        Dtype::Fp8DsMla,
+        8,
+        WritePolicy::WriteThrough,
+        host,
+        Some(remote),
+    )
 }
 
 fn digests(store: &HostStore, blocks: &[u32]) -> Vec<u64> {
-    block_bytes(store, blocks).iter().map(|b| xxh3_64(b)).collect()
+    block_bytes(store, blocks)
+        .iter()
+        .map(|b| xxh3_64(b))
+        .collect()
 }
 
 /// Run in a child process by the sharing tests: computes prompt 7 as node
@@ -82,7 +114,10 @@ fn digests(store: &HostStore, blocks: &[u32]) -> Vec<u64> {
 #[test]
 #[ignore = "a helper process of the sharing tests"]
 fn helper_node_writes_blocks() {
-    let (Ok(spec), Ok(namespace)) = (std::env::var("TIER_HELPER_SPEC"), std::env::var("TIER_HELPER_NAMESPACE")) else {
+    let (Ok(spec), Ok(namespace)) = (
+        std::env::var("TIER_HELPER_SPEC"),
+        std::env::var("TIER_HELPER_NAMESPACE"),
+    ) else {
         return;
     };
     let (a, store) = node(&spec, &namespace, Duration::from_secs(5), None);
@@ -99,23 +134,57 @@ fn helper_node_writes_blocks() {
 fn share_between_processes(spec: &str) {
     let namespace = fresh_namespace("share");
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "helper_node_writes_blocks", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "helper_node_writes_blocks",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("TIER_HELPER_SPEC", spec)
         .env("TIER_HELPER_NAMESPACE", &namespace)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "helper failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let written: Vec<u64> = stdout.lines().filter_map(|l| l.split("DIGEST ").nth(1)?.trim().parse().ok()).collect();
+    assert!(
+        out.status.success(),
+        "helper failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| l.split("DIGEST ").nth(1)?.trim().parse().ok())
+        .collect();
     assert_eq!(written.len(), 3, "{stdout}");
 
     let (b, store) = node(spec, &namespace, Duration::from_secs(5), Some(8));
-    let a = b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
-    assert_eq!(a.hits.remote_tokens, 3 * BLOCK, "{:?}", b.remote().unwrap().stats());
-    assert_eq!(digests(&store, &a.block_ids[..3]), written, "node B loaded other bytes");
+    let a = b
+        .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(
+        a.hits.remote_tokens,
+        3 * BLOCK,
+        "{:?}",
+        b.remote().unwrap().stats()
+    );
+    assert_eq!(
+        digests(&store, &a.block_ids[..3]),
+        written,
+        "node B loaded other bytes"
+    );
     // Another namespace shares nothing.
-    let (c, _) = node(spec, &fresh_namespace("other"), Duration::from_secs(5), None);
-    assert_eq!(c.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap().num_cached_tokens, 0);
+    let (c, _) = node(
+        spec,
+        &fresh_namespace("other"),
+        Duration::from_secs(5),
+        None,
+    );
+    assert_eq!(
+        c.admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap()
+            .num_cached_tokens,
+        0
+    );
 }
 
 #[test]
@@ -134,7 +203,11 @@ fn two_processes_share_blocks_through_a_cluster() {
 }
 
 fn pid_of(dir: &str, port: &str) -> i32 {
-    std::fs::read_to_string(format!("{dir}/{port}/redis.pid")).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(format!("{dir}/{port}/redis.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn signal(pid: i32, sig: i32) {
@@ -146,7 +219,10 @@ fn signal(pid: i32, sig: i32) {
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
-        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not within 30 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -157,7 +233,9 @@ const CLUSTER_PORTS: [&str; 3] = ["17001", "17002", "17003"];
 /// answers CLUSTERDOWN until it has heard from the others).
 fn wait_for_cluster() {
     for port in CLUSTER_PORTS {
-        eventually("the cluster is whole", || redis_cli_ok(port, &["cluster", "info"], "cluster_state:ok"));
+        eventually("the cluster is whole", || {
+            redis_cli_ok(port, &["cluster", "info"], "cluster_state:ok")
+        });
     }
 }
 
@@ -179,7 +257,13 @@ fn a_killed_cluster_node_costs_misses_then_the_cluster_recovers() {
     let (b, _) = node(&s.cluster, &namespace, Duration::from_millis(500), None);
     run_prefill(&a, &store_a, 1, 7, PROMPT);
     assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
-    assert_eq!(b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap().hits.remote_tokens, 3 * BLOCK);
+    assert_eq!(
+        b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap()
+            .hits
+            .remote_tokens,
+        3 * BLOCK
+    );
 
     let victim = "17002";
     signal(pid_of(&s.dir, victim), libc::SIGKILL);
@@ -188,15 +272,22 @@ fn a_killed_cluster_node_costs_misses_then_the_cluster_recovers() {
         let seed = 100 + id as u32;
         run_prefill(&a, &store_a, id, seed, PROMPT);
         a.free(id).unwrap();
-        let hit = b.admit(id, &prompt(seed, PROMPT), &AdmitOptions::default()).unwrap();
+        let hit = b
+            .admit(id, &prompt(seed, PROMPT), &AdmitOptions::default())
+            .unwrap();
         b.free(id).unwrap();
         assert!(hit.num_cached_tokens <= 3 * BLOCK);
     }
     assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
 
-    let status = Command::new("redis-server").arg(format!("{}/{victim}/redis.conf", s.dir)).status().unwrap();
+    let status = Command::new("redis-server")
+        .arg(format!("{}/{victim}/redis.conf", s.dir))
+        .status()
+        .unwrap();
     assert!(status.success());
-    eventually("the node answers", || redis_cli_ok(victim, &["ping"], "PONG"));
+    eventually("the node answers", || {
+        redis_cli_ok(victim, &["ping"], "PONG")
+    });
     wait_for_cluster();
     // New blocks round-trip again, wherever their slots are.
     let mut seed = 500;
@@ -206,7 +297,9 @@ fn a_killed_cluster_node_costs_misses_then_the_cluster_recovers() {
         run_prefill(&a, &store_a, id, seed, PROMPT);
         a.free(id).unwrap();
         a.remote().unwrap().flush(Duration::from_secs(10));
-        let hit = b.admit(id, &prompt(seed, PROMPT), &AdmitOptions::default()).unwrap();
+        let hit = b
+            .admit(id, &prompt(seed, PROMPT), &AdmitOptions::default())
+            .unwrap();
         b.free(id).unwrap();
         hit.hits.remote_tokens == 3 * BLOCK
     });
@@ -242,7 +335,9 @@ fn a_stopped_server_does_not_stall_admission_beyond_the_budget() {
         // Prompt 7 is on the server; the others are not, and are looked up too.
         let seed = if id == 1 { 7 } else { 1000 + id as u32 };
         let start = Instant::now();
-        let hit = b.admit(id, &prompt(seed, PROMPT), &AdmitOptions::default()).unwrap();
+        let hit = b
+            .admit(id, &prompt(seed, PROMPT), &AdmitOptions::default())
+            .unwrap();
         let took = start.elapsed();
         assert!(took < budget * 10, "admission took {took:?}");
         assert_eq!(hit.hits.remote_tokens, 0);
@@ -254,7 +349,9 @@ fn a_stopped_server_does_not_stall_admission_beyond_the_budget() {
     let mut id = 100;
     eventually("the server serves again", || {
         id += 1;
-        let hit = c.admit(id, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+        let hit = c
+            .admit(id, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
         c.free(id).unwrap();
         c.manager().reset_prefix_cache().unwrap();
         hit.hits.remote_tokens == 3 * BLOCK
@@ -264,10 +361,17 @@ fn a_stopped_server_does_not_stall_admission_beyond_the_budget() {
 #[test]
 fn a_refused_connection_is_a_miss() {
     // Port 1 on loopback: nothing listens there.
-    let (c, store) = node("redis://127.0.0.1:1/", "refused", Duration::from_secs(5), Some(8));
+    let (c, store) = node(
+        "redis://127.0.0.1:1/",
+        "refused",
+        Duration::from_secs(5),
+        Some(8),
+    );
     run_prefill(&c, &store, 1, 7, PROMPT);
     c.free(1).unwrap();
-    let hit = c.admit(2, &prompt(8, PROMPT), &AdmitOptions::default()).unwrap();
+    let hit = c
+        .admit(2, &prompt(8, PROMPT), &AdmitOptions::default())
+        .unwrap();
     assert_eq!(hit.num_cached_tokens, 0);
     assert!(c.remote().unwrap().flush(Duration::from_secs(10)));
     assert!(c.remote().unwrap().stats().errors >= 1);
@@ -281,19 +385,34 @@ fn damaged_values_on_the_server_are_rejected() {
     let (a, store_a) = node(&s.single, &namespace, Duration::from_secs(5), None);
     run_prefill(&a, &store_a, 1, 7, PROMPT);
     assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
-    let hash = a.manager().block_hashes(&prompt(7, PROMPT), &ExtraKeys::default())[0];
+    let hash = a
+        .manager()
+        .block_hashes(&prompt(7, PROMPT), &ExtraKeys::default())[0];
     let key = format!("{}{:032x}", format().key_prefix(&namespace), hash.0);
-    let mut conn = redis::Client::open(s.single.as_str()).unwrap().get_connection().unwrap();
+    let mut conn = redis::Client::open(s.single.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
-    assert_eq!(value.len(), format().value_len(), "the key layout is as documented");
+    assert_eq!(
+        value.len(),
+        format().value_len(),
+        "the key layout is as documented"
+    );
     for damaged in [value[..value.len() - 100].to_vec(), {
         let mut v = value.clone();
         v[1000] ^= 4;
         v
     }] {
-        let () = redis::cmd("SET").arg(&key).arg(damaged).query(&mut conn).unwrap();
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg(damaged)
+            .query(&mut conn)
+            .unwrap();
         let (b, _) = node(&s.single, &namespace, Duration::from_secs(5), None);
-        let hit = b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+        let hit = b
+            .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
         assert_eq!(hit.num_cached_tokens, 0);
         assert_eq!(b.remote().unwrap().stats().rejected, 1);
     }

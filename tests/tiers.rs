@@ -17,7 +17,11 @@ const PROMPT: usize = 3 * BLOCK + 1; // 3 full blocks, all loadable under the la
 
 /// Evicts everything from an 8-block device tier by running an unrelated
 /// 8-block request.
-fn flush_device(cache: &mla_cache::tier::TieredCache, store: &mla_cache::store::HostStore, id: u64) {
+fn flush_device(
+    cache: &mla_cache::tier::TieredCache,
+    store: &mla_cache::store::HostStore,
+    id: u64,
+) {
     run_prefill(cache, store, id, 999 + id as u32, 8 * BLOCK);
     cache.free(id).unwrap();
 }
@@ -28,20 +32,48 @@ fn blocks_round_trip_device_host_device_byte_for_byte_in_every_format() {
         let (cache, store) = cache(dtype, 8, WritePolicy::WriteThrough, Some(16), None);
         let table = run_prefill(&cache, &store, 1, 7, PROMPT);
         let original = block_bytes(&store, &table[..3]);
-        assert!(original.iter().all(|b| b.iter().any(|&x| x != 0)), "{dtype}: latents written");
-        assert_eq!(cache.host().unwrap().stats().blocks, 3, "{dtype}: written through on commit");
+        assert!(
+            original.iter().all(|b| b.iter().any(|&x| x != 0)),
+            "{dtype}: latents written"
+        );
+        assert_eq!(
+            cache.host().unwrap().stats().blocks,
+            3,
+            "{dtype}: written through on commit"
+        );
         cache.free(1).unwrap();
         flush_device(&cache, &store, 2);
-        assert_eq!(cache.manager().match_prefix(&prompt(7, PROMPT), &ExtraKeys::default()).num_tokens, 0);
+        assert_eq!(
+            cache
+                .manager()
+                .match_prefix(&prompt(7, PROMPT), &ExtraKeys::default())
+                .num_tokens,
+            0
+        );
 
         let hits = cache.lookup(&prompt(7, PROMPT), &ExtraKeys::default());
-        assert_eq!(hits, TierHits { device_tokens: 0, host_tokens: 3 * BLOCK, remote_tokens: 0 });
-        let a = cache.admit(3, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+        assert_eq!(
+            hits,
+            TierHits {
+                device_tokens: 0,
+                host_tokens: 3 * BLOCK,
+                remote_tokens: 0
+            }
+        );
+        let a = cache
+            .admit(3, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
         assert_eq!(a.hits.host_tokens, 3 * BLOCK, "{dtype}");
         assert_eq!(a.num_cached_tokens, 3 * BLOCK);
-        assert_eq!(block_bytes(&store, &a.block_ids[..3]), original, "{dtype}: loaded bytes differ");
+        assert_eq!(
+            block_bytes(&store, &a.block_ids[..3]),
+            original,
+            "{dtype}: loaded bytes differ"
+        );
         // Loaded blocks are committed: a later request hits them in the device tier.
-        let again = cache.admit(4, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+        let again = cache
+            .admit(4, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
         assert_eq!(again.hits.device_tokens, 3 * BLOCK);
         cache.manager().check_invariants().unwrap();
     }
@@ -53,41 +85,74 @@ fn write_back_copies_blocks_only_when_evicted_and_before_reuse() {
     let table = run_prefill(&cache, &store, 1, 7, PROMPT);
     let original = block_bytes(&store, &table[..3]);
     cache.free(1).unwrap();
-    assert_eq!(cache.host().unwrap().stats().blocks, 0, "nothing copied before eviction");
+    assert_eq!(
+        cache.host().unwrap().stats().blocks,
+        0,
+        "nothing copied before eviction"
+    );
     // The flushing request's admission evicts the 3 blocks, then overwrites
     // them with its own latents: the copies must hold the old bytes.
     flush_device(&cache, &store, 2);
     assert_eq!(cache.host().unwrap().stats().blocks, 3);
     assert_eq!(cache.stats().written_back, 3);
-    let a = cache.admit(3, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+    let a = cache
+        .admit(3, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
     assert_eq!(a.hits.host_tokens, 3 * BLOCK);
     assert_eq!(block_bytes(&store, &a.block_ids[..3]), original);
 }
 
 #[test]
 fn write_through_selective_copies_blocks_hit_often_enough() {
-    let (cache, store) =
-        cache(Dtype::Bf16, 8, WritePolicy::WriteThroughSelective { min_hits: 2 }, Some(16), None);
+    let (cache, store) = cache(
+        Dtype::Bf16,
+        8,
+        WritePolicy::WriteThroughSelective { min_hits: 2 },
+        Some(16),
+        None,
+    );
     run_prefill(&cache, &store, 1, 7, PROMPT);
-    assert_eq!(cache.host().unwrap().stats().blocks, 0, "computed, never hit");
-    let hit = cache.admit(2, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+    assert_eq!(
+        cache.host().unwrap().stats().blocks,
+        0,
+        "computed, never hit"
+    );
+    let hit = cache
+        .admit(2, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
     assert_eq!(hit.hits.device_tokens, 3 * BLOCK);
     assert_eq!(cache.host().unwrap().stats().blocks, 0, "one hit");
-    cache.admit(3, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+    cache
+        .admit(3, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
     assert_eq!(cache.host().unwrap().stats().blocks, 3, "two hits");
     assert_eq!(cache.stats().written_through, 3);
 }
 
 #[test]
 fn unchunked_requests_copy_blocks_down_only_once_the_engine_wrote_them() {
-    let (cache, store) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, Some(16), None);
+    let (cache, store) = cache(
+        Dtype::Fp8DsMla,
+        8,
+        WritePolicy::WriteThrough,
+        Some(16),
+        None,
+    );
     let p = prompt(7, PROMPT);
     let a = cache.admit(1, &p, &AdmitOptions::decode_slots(16)).unwrap();
-    assert_eq!(cache.host().unwrap().stats().blocks, 0, "the prefill has not run yet");
+    assert_eq!(
+        cache.host().unwrap().stats().blocks,
+        0,
+        "the prefill has not run yet"
+    );
     write_prefill(&cache, &store, 1, 7, PROMPT);
     let original = block_bytes(&store, &a.block_ids[..3]);
     cache.append(1, &[5]).unwrap();
-    assert_eq!(cache.host().unwrap().stats().blocks, 3, "the first decode step follows the prefill");
+    assert_eq!(
+        cache.host().unwrap().stats().blocks,
+        3,
+        "the first decode step follows the prefill"
+    );
     cache.free(1).unwrap();
     flush_device(&cache, &store, 2);
     let b = cache.admit(3, &p, &AdmitOptions::default()).unwrap();
@@ -104,22 +169,54 @@ fn remote_with(backend: Box<dyn RemoteBackend>, budget: Duration) -> RemoteTier 
         let c = config(Dtype::Fp8DsMla, 8);
         c.num_layers * c.block_size * c.bytes_per_token_per_layer()
     });
-    let options = RemoteOptions { namespace: "test".into(), lookup_budget: budget, queue_depth: 16 };
+    let options = RemoteOptions {
+        namespace: "test".into(),
+        lookup_budget: budget,
+        queue_depth: 16,
+    };
     RemoteTier::new(backend, format, options).unwrap()
 }
 
 #[test]
 fn two_caches_share_blocks_through_one_remote_store() {
     let shared = SimRemote::new(1000);
-    let (a, store_a) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, None, Some(remote(shared.clone(), Duration::from_secs(10))));
-    let (b, store_b) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, Some(4), Some(remote(shared.clone(), Duration::from_secs(10))));
+    let (a, store_a) = cache(
+        Dtype::Fp8DsMla,
+        8,
+        WritePolicy::WriteThrough,
+        None,
+        Some(remote(shared.clone(), Duration::from_secs(10))),
+    );
+    let (b, store_b) = cache(
+        Dtype::Fp8DsMla,
+        8,
+        WritePolicy::WriteThrough,
+        Some(4),
+        Some(remote(shared.clone(), Duration::from_secs(10))),
+    );
     let table = run_prefill(&a, &store_a, 1, 7, PROMPT);
     assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
     assert_eq!(shared.len(), 3);
-    let hits = b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
-    assert_eq!(hits.hits, TierHits { device_tokens: 0, host_tokens: 0, remote_tokens: 3 * BLOCK });
-    assert_eq!(block_bytes(&store_b, &hits.block_ids[..3]), block_bytes(&store_a, &table[..3]));
-    assert_eq!(b.host().unwrap().stats().blocks, 3, "remote hits are kept in host memory too");
+    let hits = b
+        .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(
+        hits.hits,
+        TierHits {
+            device_tokens: 0,
+            host_tokens: 0,
+            remote_tokens: 3 * BLOCK
+        }
+    );
+    assert_eq!(
+        block_bytes(&store_b, &hits.block_ids[..3]),
+        block_bytes(&store_a, &table[..3])
+    );
+    assert_eq!(
+        b.host().unwrap().stats().blocks,
+        3,
+        "remote hits are kept in host memory too"
+    );
     assert_eq!(b.remote().unwrap().stats().hit_blocks, 3);
 }
 
@@ -160,12 +257,30 @@ fn corrupted_or_truncated_values_are_rejected_never_loaded() {
     ];
     for damage in damages {
         let shared = SimRemote::new(100);
-        let (a, store_a) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, None, Some(remote(shared.clone(), Duration::from_secs(10))));
+        let (a, store_a) = cache(
+            Dtype::Fp8DsMla,
+            8,
+            WritePolicy::WriteThrough,
+            None,
+            Some(remote(shared.clone(), Duration::from_secs(10))),
+        );
         run_prefill(&a, &store_a, 1, 7, PROMPT);
         assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
-        let faulty = Faulty { inner: shared, damage, slow: Arc::default() };
-        let (b, _) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, None, Some(remote_with(Box::new(faulty), Duration::from_secs(10))));
-        let hit = b.admit(1, &prompt(7, PROMPT), &AdmitOptions::default()).unwrap();
+        let faulty = Faulty {
+            inner: shared,
+            damage,
+            slow: Arc::default(),
+        };
+        let (b, _) = cache(
+            Dtype::Fp8DsMla,
+            8,
+            WritePolicy::WriteThrough,
+            None,
+            Some(remote_with(Box::new(faulty), Duration::from_secs(10))),
+        );
+        let hit = b
+            .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
         assert_eq!(hit.num_cached_tokens, 0);
         let stats = b.remote().unwrap().stats();
         assert_eq!((stats.rejected, stats.hit_blocks), (1, 0));
@@ -179,12 +294,28 @@ fn corrupted_or_truncated_values_are_rejected_never_loaded() {
 fn a_slow_remote_store_costs_misses_not_a_stalled_admission() {
     let budget = Duration::from_millis(50);
     let slow = Arc::new(AtomicBool::new(true));
-    let faulty = Faulty { inner: SimRemote::new(100), damage: |_| {}, slow: slow.clone() };
-    let (cache, _) = cache(Dtype::Fp8DsMla, 8, WritePolicy::WriteThrough, None, Some(remote_with(Box::new(faulty), budget)));
+    let faulty = Faulty {
+        inner: SimRemote::new(100),
+        damage: |_| {},
+        slow: slow.clone(),
+    };
+    let (cache, _) = cache(
+        Dtype::Fp8DsMla,
+        8,
+        WritePolicy::WriteThrough,
+        None,
+        Some(remote_with(Box::new(faulty), budget)),
+    );
     for id in 0..3 {
         let start = Instant::now();
-        let a = cache.admit(id, &prompt(id as u32, PROMPT), &AdmitOptions::default()).unwrap();
-        assert!(start.elapsed() < budget * 10, "admission took {:?}", start.elapsed());
+        let a = cache
+            .admit(id, &prompt(id as u32, PROMPT), &AdmitOptions::default())
+            .unwrap();
+        assert!(
+            start.elapsed() < budget * 10,
+            "admission took {:?}",
+            start.elapsed()
+        );
         assert_eq!(a.num_cached_tokens, 0);
         cache.free(id).unwrap();
     }

@@ -126,7 +126,10 @@ fn write_rounded_bf16(src: &[f32], dst: &mut [u8]) {
     let mut src_tiles = src.chunks_exact(TILE);
     let mut dst_tiles = dst.chunks_exact_mut(2 * TILE);
     for (s, d) in (&mut src_tiles).zip(&mut dst_tiles) {
-        if let (Ok(s), Ok(d)) = (<&[f32; TILE]>::try_from(s), <&mut [u8; 2 * TILE]>::try_from(d)) {
+        if let (Ok(s), Ok(d)) = (
+            <&[f32; TILE]>::try_from(s),
+            <&mut [u8; 2 * TILE]>::try_from(d),
+        ) {
             for i in 0..TILE {
                 let b = bf16_bits_from_f32(s[i]);
                 d[2 * i] = b as u8;
@@ -134,7 +137,11 @@ fn write_rounded_bf16(src: &[f32], dst: &mut [u8]) {
             }
         }
     }
-    for (pair, &v) in dst_tiles.into_remainder().chunks_exact_mut(2).zip(src_tiles.remainder()) {
+    for (pair, &v) in dst_tiles
+        .into_remainder()
+        .chunks_exact_mut(2)
+        .zip(src_tiles.remainder())
+    {
         pair.copy_from_slice(&bf16_bits_from_f32(v).to_le_bytes());
     }
 }

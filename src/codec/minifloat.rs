@@ -34,8 +34,8 @@ fn round_magnitude<const BIAS: u32>(q: f32, max: f32) -> u32 {
     let bits = a.to_bits();
     // Normal range: round the f32 mantissa to 3 bits (nearest even) and
     // rebias the exponent; a carry moves into the exponent as it should.
-    let normal = (bits.wrapping_add(0x7_FFFF + ((bits >> 20) & 1)) >> 20)
-        .wrapping_sub((127 - BIAS) << 3);
+    let normal =
+        (bits.wrapping_add(0x7_FFFF + ((bits >> 20) & 1)) >> 20).wrapping_sub((127 - BIAS) << 3);
     // Subnormal range: adding 2^(23 - 2 - BIAS) makes the f32 adder round `a`
     // to a multiple of the subnormal quantum 2^(-2 - BIAS); the low bits are
     // the code (8 means the smallest normal, which is right).
@@ -208,8 +208,20 @@ mod tests {
         // Ties to even, down (0x3F80_8000) and up (0x3F81_8000), overflow,
         // subnormals, infinity.
         let ties = [f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
-        for x in [1.0f32, ties[0], ties[1], -3.4e38, f32::MAX, 1e-40, f32::INFINITY] {
-            assert_eq!(bf16_bits_from_f32(x), half::bf16::from_f32(x).to_bits(), "{x}");
+        for x in [
+            1.0f32,
+            ties[0],
+            ties[1],
+            -3.4e38,
+            f32::MAX,
+            1e-40,
+            f32::INFINITY,
+        ] {
+            assert_eq!(
+                bf16_bits_from_f32(x),
+                half::bf16::from_f32(x).to_bits(),
+                "{x}"
+            );
         }
         assert_eq!(bf16_bits_from_f32(f32::NAN), 0x7FFF);
         assert_eq!(bf16_bits_from_f32(-f32::NAN), 0x7FFF);

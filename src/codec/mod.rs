@@ -185,7 +185,12 @@ impl Codec {
 
     /// Encodes `T` latents stored back to back: `c_kv` is `[T, kv_lora_rank]`,
     /// `k_pe` is `[T, rope_dim]`, `out` is `[T, bytes_per_token]`. Returns `T`.
-    pub fn encode_batch(&self, c_kv: Values<'_>, k_pe: Values<'_>, out: &mut [u8]) -> Result<usize> {
+    pub fn encode_batch(
+        &self,
+        c_kv: Values<'_>,
+        k_pe: Values<'_>,
+        out: &mut [u8],
+    ) -> Result<usize> {
         let tokens = out.len() / self.bytes_per_token();
         self.check_len("encoded batch", out.len(), tokens * self.bytes_per_token())?;
         self.check_len("c_kv batch", c_kv.len(), tokens * self.kv_lora_rank)?;
@@ -205,7 +210,11 @@ impl Codec {
     pub fn decode_batch<O: Decoded>(&self, src: &[u8], out: &mut [O]) -> Result<usize> {
         let tokens = src.len() / self.bytes_per_token();
         self.check_len("encoded batch", src.len(), tokens * self.bytes_per_token())?;
-        self.check_len("decoded batch", out.len(), tokens * self.elements_per_token())?;
+        self.check_len(
+            "decoded batch",
+            out.len(),
+            tokens * self.elements_per_token(),
+        )?;
         for (s, o) in src
             .chunks_exact(self.bytes_per_token())
             .zip(out.chunks_exact_mut(self.elements_per_token()))
@@ -221,7 +230,11 @@ impl Codec {
         } else {
             Err(Error::InvalidArgument(format!(
                 "{what}: expected {expected} {}, got {got} ({} {}+{})",
-                if what.starts_with("encoded") { "bytes" } else { "values" },
+                if what.starts_with("encoded") {
+                    "bytes"
+                } else {
+                    "values"
+                },
                 self.dtype,
                 self.kv_lora_rank,
                 self.rope_dim

@@ -7,7 +7,9 @@ use super::{
     guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
     MlaStatus, MlaTokenId, Out, OutBuf, Registry,
 };
-use crate::{AdmitOptions, AppendOutcome, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey};
+use crate::{
+    AdmitOptions, AppendOutcome, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey,
+};
 
 /// A block manager (opaque): who holds which block, prefix sharing,
 /// copy-on-write, pinning and eviction. Thread-safe: share one handle
@@ -327,7 +329,15 @@ pub unsafe extern "C" fn mla_manager_append(
         let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
         with(manager, |m| {
             // SAFETY: per the contract.
-            unsafe { append_into(tokens.len(), m.config().block_size, &new_out, &copies_out, || m.append(id, tokens)) }
+            unsafe {
+                append_into(
+                    tokens.len(),
+                    m.config().block_size,
+                    &new_out,
+                    &copies_out,
+                    || m.append(id, tokens),
+                )
+            }
         })
     })
 }

@@ -70,7 +70,11 @@ pub struct MlaTierHits {
 
 impl From<TierHits> for MlaTierHits {
     fn from(h: TierHits) -> Self {
-        Self { device_tokens: h.device_tokens, host_tokens: h.host_tokens, remote_tokens: h.remote_tokens }
+        Self {
+            device_tokens: h.device_tokens,
+            host_tokens: h.host_tokens,
+            remote_tokens: h.remote_tokens,
+        }
     }
 }
 
@@ -242,7 +246,9 @@ pub unsafe extern "C" fn mla_tiered_create(
         // SAFETY: per the contract.
         let settings = unsafe { settings(options) }?;
         let config = CONFIGS.with(config, |c| Ok(c.get()))?;
-        let inner = STORES.with(store, |s| Ok(settings.build(config, s.inner.config(), s.blocks.clone())?))?;
+        let inner = STORES.with(store, |s| {
+            Ok(settings.build(config, s.inner.config(), s.blocks.clone())?)
+        })?;
         // SAFETY: `out` was checked; valid for a write per the contract.
         unsafe { out.set(TIERED.register(MlaTieredCache { inner })) };
         Ok(())
@@ -360,12 +366,21 @@ pub unsafe extern "C" fn mla_tiered_append(
     guard("mla_tiered_append", || {
         // SAFETY: per the contract, for every pointer below.
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let new_out = OutBuf::new(new_block_ids, new_block_ids_cap, num_new_block_ids, "new_block_ids")?;
+        let new_out = OutBuf::new(
+            new_block_ids,
+            new_block_ids_cap,
+            num_new_block_ids,
+            "new_block_ids",
+        )?;
         let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
         with(cache, |c| unsafe {
-            append_into(tokens.len(), c.manager().config().block_size, &new_out, &copies_out, || {
-                c.append(id, tokens)
-            })
+            append_into(
+                tokens.len(),
+                c.manager().config().block_size,
+                &new_out,
+                &copies_out,
+                || c.append(id, tokens),
+            )
         })
     })
 }
@@ -381,7 +396,9 @@ pub extern "C" fn mla_tiered_commit(
     id: MlaRequestId,
     num_computed_tokens: usize,
 ) -> MlaStatus {
-    guard("mla_tiered_commit", || with(cache, |c| Ok(c.commit(id, num_computed_tokens)?)))
+    guard("mla_tiered_commit", || {
+        with(cache, |c| Ok(c.commit(id, num_computed_tokens)?))
+    })
 }
 
 /// Creates request `child` sharing the blocks of `parent`, like
@@ -394,7 +411,9 @@ pub extern "C" fn mla_tiered_fork(
     parent: MlaRequestId,
     child: MlaRequestId,
 ) -> MlaStatus {
-    guard("mla_tiered_fork", || with(cache, |c| Ok(c.fork(parent, child)?)))
+    guard("mla_tiered_fork", || {
+        with(cache, |c| Ok(c.fork(parent, child)?))
+    })
 }
 
 /// Frees request `id` like `mla_manager_free`; an unchunked request's
@@ -463,7 +482,10 @@ pub unsafe extern "C" fn mla_tiered_slot_mapping(
 ///
 /// Thread safety: thread-safe.
 #[no_mangle]
-pub unsafe extern "C" fn mla_tiered_stats(cache: *const MlaTieredCache, out: *mut MlaTierStats) -> MlaStatus {
+pub unsafe extern "C" fn mla_tiered_stats(
+    cache: *const MlaTieredCache,
+    out: *mut MlaTierStats,
+) -> MlaStatus {
     guard("mla_tiered_stats", || {
         let out = Out::new(out, "out")?;
         let s = with(cache, |c| Ok(c.stats()))?;
@@ -502,7 +524,8 @@ pub unsafe extern "C" fn mla_tiered_flush_remote(
     guard("mla_tiered_flush_remote", || {
         let out = Out::new(done, "done")?;
         let flushed = with(cache, |c| {
-            Ok(c.remote().is_none_or(|r| r.flush(Duration::from_millis(timeout_ms))))
+            Ok(c.remote()
+                .is_none_or(|r| r.flush(Duration::from_millis(timeout_ms))))
         })?;
         // SAFETY: per the contract.
         unsafe { out.set(flushed) };

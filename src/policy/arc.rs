@@ -267,7 +267,10 @@ mod tests {
         // Stored again, neither counts as coming back from a ghost list.
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
-        assert_eq!((p.target, p.class[0], p.class[1]), (0, Class::Once, Class::Once));
+        assert_eq!(
+            (p.target, p.class[0], p.class[1]),
+            (0, Class::Once, Class::Once)
+        );
         assert_eq!(p.evict(), Some(0));
     }
 

@@ -99,7 +99,8 @@ impl CacheConfig {
         overrides: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let dtype = dtype.parse::<Dtype>().map_err(errors::to_py)?;
-        let config = config::CacheConfig::preset(model, num_blocks, dtype).map_err(errors::to_py)?;
+        let config =
+            config::CacheConfig::preset(model, num_blocks, dtype).map_err(errors::to_py)?;
         let base = Bound::new(cls.py(), Self::checked(config)?)?;
         match overrides {
             Some(kw) if !kw.is_empty() => Self::replace(&base, Some(kw)),
@@ -297,7 +298,11 @@ impl CacheConfig {
             c.enable_prefix_caching != d.enable_prefix_caching,
             py_bool(c.enable_prefix_caching),
         );
-        opt("eviction", c.eviction != d.eviction, format!("'{}'", c.eviction));
+        opt(
+            "eviction",
+            c.eviction != d.eviction,
+            format!("'{}'", c.eviction),
+        );
         opt(
             "hash_seed",
             c.hash_seed != d.hash_seed,

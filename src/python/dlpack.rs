@@ -101,7 +101,8 @@ unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
     // the tensor renamed the capsule; then it owns the deleter call.
     unsafe {
         if ffi::PyCapsule_IsValid(capsule, CAPSULE.as_ptr()) == 1 {
-            let managed = ffi::PyCapsule_GetPointer(capsule, CAPSULE.as_ptr()).cast::<DLManagedTensor>();
+            let managed =
+                ffi::PyCapsule_GetPointer(capsule, CAPSULE.as_ptr()).cast::<DLManagedTensor>();
             if let Some(deleter) = (*managed).deleter {
                 deleter(managed);
             }
@@ -169,7 +170,10 @@ pub(crate) struct Imported<'py> {
 
 /// Imports `obj` through its `__dlpack__` method; `stream` is passed on
 /// for CUDA producers (the consumer's stream, per the protocol).
-pub(crate) fn import<'py>(obj: &Bound<'py, PyAny>, stream: Option<usize>) -> PyResult<Imported<'py>> {
+pub(crate) fn import<'py>(
+    obj: &Bound<'py, PyAny>,
+    stream: Option<usize>,
+) -> PyResult<Imported<'py>> {
     let py = obj.py();
     let capsule = match stream {
         Some(s) => {
@@ -188,7 +192,8 @@ pub(crate) fn import<'py>(obj: &Bound<'py, PyAny>, stream: Option<usize>) -> PyR
                 "__dlpack__ did not return a \"dltensor\" capsule (a consumed or versioned one?)",
             ));
         }
-        let managed = ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<DLManagedTensor>();
+        let managed =
+            ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE.as_ptr()).cast::<DLManagedTensor>();
         if managed.is_null() {
             return Err(PyErr::fetch(py));
         }

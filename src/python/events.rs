@@ -66,7 +66,10 @@ pub struct BlockRemoved {
 #[pymethods]
 impl BlockRemoved {
     fn __repr__(&self) -> String {
-        format!("BlockRemoved(block_hashes=[{} hashes])", self.block_hashes.len())
+        format!(
+            "BlockRemoved(block_hashes=[{} hashes])",
+            self.block_hashes.len()
+        )
     }
 }
 

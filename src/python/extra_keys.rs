@@ -139,11 +139,10 @@ impl ExtraKeys {
 
     fn __repr__(&self) -> String {
         let k = &self.0;
-        let mm: Vec<String> = k
-            .mm
-            .iter()
-            .map(|m| MultiModalKey(m.clone()).__repr__())
-            .collect();
+        let mm: Vec<String> =
+            k.mm.iter()
+                .map(|m| MultiModalKey(m.clone()).__repr__())
+                .collect();
         format!(
             "ExtraKeys(adapter={}, salt={}, mm=({}{}))",
             opt_repr(&k.adapter),
@@ -155,7 +154,8 @@ impl ExtraKeys {
 }
 
 fn opt_repr(s: &Option<String>) -> String {
-    s.as_ref().map_or_else(|| "None".into(), |s| format!("{s:?}"))
+    s.as_ref()
+        .map_or_else(|| "None".into(), |s| format!("{s:?}"))
 }
 
 /// Reads the `extra_keys` and `salt` arguments of a manager method; a salt

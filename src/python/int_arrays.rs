@@ -118,7 +118,9 @@ fn from_items<'py, O: Target>(
     let mut out = Vec::with_capacity(len);
     for (i, item) in items.enumerate() {
         if item.is_instance_of::<PyBool>() {
-            return Err(PyTypeError::new_err(format!("{what} at position {i} is a bool")));
+            return Err(PyTypeError::new_err(format!(
+                "{what} at position {i} is a bool"
+            )));
         }
         match item.extract::<i64>() {
             Ok(v) => out.push(O::try_from(v).map_err(|_| out_of_range::<O>(&v, i, what))?),
@@ -177,7 +179,10 @@ where
         Ok(())
     };
     match ro.as_slice() {
-        Ok(slice) => slice.iter().enumerate().try_for_each(|(i, &v)| push(i, v))?,
+        Ok(slice) => slice
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, &v)| push(i, v))?,
         Err(_) => ro
             .as_array()
             .iter()

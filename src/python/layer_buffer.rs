@@ -52,7 +52,9 @@ impl LayerBuffer {
             }
         }
         if copy == Some(true) {
-            return Err(PyBufferError::new_err("a LayerBuffer is exported without copies"));
+            return Err(PyBufferError::new_err(
+                "a LayerBuffer is exported without copies",
+            ));
         }
         dlpack::export_layer(py, &self.view, Arc::clone(&self.store))
     }

@@ -10,10 +10,10 @@ use super::config::CacheConfig;
 use super::errors;
 use super::events;
 use super::extra_keys;
+use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
 use super::request_ids::{self, Key, RequestIds};
-use super::int_arrays::{self, tokens};
 use crate::{manager, AdmitOptions, Error, TokenId};
 
 /// Calls hashing at least this many tokens release the GIL.

@@ -41,7 +41,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
     m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;
-    m.add("PinBudgetExceeded", py.get_type::<errors::PinBudgetExceeded>())?;
+    m.add(
+        "PinBudgetExceeded",
+        py.get_type::<errors::PinBudgetExceeded>(),
+    )?;
     m.add("StorageError", py.get_type::<errors::StorageError>())?;
     Ok(())
 }

@@ -128,7 +128,11 @@ impl LatentStore {
         let device = self.place();
         if device == Device::Host && !is_raw_tuple(obj) {
             let owned = if obj.cast::<PyUntypedArray>().is_err() && obj.hasattr("__dlpack__")? {
-                convert(&obj.py().import("numpy")?.call_method1("from_dlpack", (obj,))?)?
+                convert(
+                    &obj.py()
+                        .import("numpy")?
+                        .call_method1("from_dlpack", (obj,))?,
+                )?
             } else {
                 convert(obj)?
             };
@@ -195,13 +199,20 @@ fn matrix_extent(m: &MatrixDesc) -> usize {
 }
 
 /// A new zeroed host array `[rows, cols]` of `elem` (f32, or bf16 through ml_dtypes).
-fn host_output<'py>(py: Python<'py>, rows: usize, cols: usize, elem: ElemType) -> PyResult<Bound<'py, PyAny>> {
+fn host_output<'py>(
+    py: Python<'py>,
+    rows: usize,
+    cols: usize,
+    elem: ElemType,
+) -> PyResult<Bound<'py, PyAny>> {
     match elem {
         ElemType::F32 => Ok(PyArray2::<f32>::zeros(py, [rows, cols], false).into_any()),
         _ => {
             let bf16 = py
                 .import("ml_dtypes")
-                .map_err(|_| PyValueError::new_err("a bfloat16 output needs the ml_dtypes package"))?
+                .map_err(|_| {
+                    PyValueError::new_err("a bfloat16 output needs the ml_dtypes package")
+                })?
                 .getattr("bfloat16")?;
             py.import("numpy")?
                 .call_method1("zeros", ((rows, cols), bf16))
@@ -367,7 +378,11 @@ impl LatentStore {
         let this = slf.get();
         let view = this.store.layer_view(layer).map_err(errors::to_py)?;
         if view.device != Device::Host {
-            return Ok(Bound::new(slf.py(), LayerBuffer::new(Arc::clone(&this.store), view, layer))?.into_any());
+            return Ok(Bound::new(
+                slf.py(),
+                LayerBuffer::new(Arc::clone(&this.store), view, layer),
+            )?
+            .into_any());
         }
         let [blocks, tokens, bytes] = view.shape;
         // SAFETY: the layer is `blocks * tokens * bytes` contiguous bytes

@@ -182,7 +182,8 @@ impl<'py> Tensor<'py> {
     fn dlpack(obj: &Bound<'py, PyAny>, device: Device, stream: usize) -> PyResult<Self> {
         // Per the protocol, a CUDA consumer names its stream; 1 is the
         // legacy default stream (0 is not allowed).
-        let stream = matches!(device, Device::Cuda(_)).then_some(if stream == 0 { 1 } else { stream });
+        let stream =
+            matches!(device, Device::Cuda(_)).then_some(if stream == 0 { 1 } else { stream });
         let t = dlpack::import(obj, stream)?;
         let elem = Elem::from_dlpack(t.dtype);
         let size = elem.map_or(1, Elem::size) as isize;
@@ -216,7 +217,10 @@ impl<'py> Tensor<'py> {
         Ok(Self {
             addr: t.addr,
             elem,
-            elem_name: format!("DLPack type code {} with {} bits x {}", dt.code, dt.bits, dt.lanes),
+            elem_name: format!(
+                "DLPack type code {} with {} bits x {}",
+                dt.code, dt.bits, dt.lanes
+            ),
             shape,
             strides,
             device: dev,
@@ -279,7 +283,11 @@ impl<'py> Tensor<'py> {
                 "{name}: elements within a row must be contiguous"
             )));
         }
-        let row_stride = if rows > 1 { self.strides[0] } else { cols as isize * size };
+        let row_stride = if rows > 1 {
+            self.strides[0]
+        } else {
+            cols as isize * size
+        };
         let row_stride = usize::try_from(row_stride)
             .map_err(|_| PyValueError::new_err(format!("{name}: negative row stride")))?;
         Ok(MatrixDesc {
@@ -292,7 +300,12 @@ impl<'py> Tensor<'py> {
     }
 
     /// A contiguous 1-D tensor of one of the `allowed` integer types.
-    pub(crate) fn vector<T>(&self, name: &str, allowed: &[Elem], expected: &str) -> PyResult<VectorDesc<T>> {
+    pub(crate) fn vector<T>(
+        &self,
+        name: &str,
+        allowed: &[Elem],
+        expected: &str,
+    ) -> PyResult<VectorDesc<T>> {
         let elem = self.elem_in(name, allowed, expected)?;
         if self.shape.len() != 1 {
             return Err(PyValueError::new_err(format!(

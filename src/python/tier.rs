@@ -11,11 +11,11 @@ use pyo3::types::{PyDict, PyList};
 use super::config::CacheConfig;
 use super::errors;
 use super::extra_keys;
+use super::int_arrays::tokens;
 use super::ints;
 use super::outcomes::{block_array, AppendOutcome};
 use super::request_ids::{self, Key, RequestIds};
 use super::store::LatentStore;
-use super::int_arrays::tokens;
 use super::tier_outcomes::{TierHits, TieredAdmission};
 use crate::store::Stream;
 use crate::tier::{self, RemoteOptions, TierSettings, WritePolicy};
@@ -79,20 +79,33 @@ impl TieredCache {
         #[pyo3(from_py_with = ints::size)] queue_depth: usize,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<Self> {
-        let lookup_budget = Duration::try_from_secs_f64(lookup_budget_ms / 1000.0)
-            .map_err(|_| PyValueError::new_err(format!("lookup_budget_ms must be >= 0, got {lookup_budget_ms}")))?;
+        let lookup_budget =
+            Duration::try_from_secs_f64(lookup_budget_ms / 1000.0).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "lookup_budget_ms must be >= 0, got {lookup_budget_ms}"
+                ))
+            })?;
         let settings = TierSettings {
             host_bytes: host_mem,
             remote,
             write_policy: write_policy.parse::<WritePolicy>().map_err(errors::to_py)?,
-            remote_options: RemoteOptions { namespace: namespace.to_owned(), lookup_budget, queue_depth },
+            remote_options: RemoteOptions {
+                namespace: namespace.to_owned(),
+                lookup_budget,
+                queue_depth,
+            },
             stream: Stream(stream),
         };
         let (blocks, store_config) = store.get().blocks();
         let inner = settings
             .build(config.get().0.clone(), store_config, blocks)
             .map_err(errors::to_py)?;
-        Ok(Self { inner, config: config.unbind(), store: store.unbind(), ids: RequestIds::default() })
+        Ok(Self {
+            inner,
+            config: config.unbind(),
+            store: store.unbind(),
+            ids: RequestIds::default(),
+        })
     }
 
     /// The configuration.
@@ -133,8 +146,15 @@ impl TieredCache {
         chunked_prefill: bool,
     ) -> PyResult<TieredAdmission> {
         let key = Key::extract(request_id)?;
-        let opts = AdmitOptions { decode_slots, keys: extra_keys::extract(extra_keys, salt)?, chunked_prefill };
-        let admitted = py.detach(|| self.ids.create(&key, |id| self.inner.admit(id, &tokens, &opts)));
+        let opts = AdmitOptions {
+            decode_slots,
+            keys: extra_keys::extract(extra_keys, salt)?,
+            chunked_prefill,
+        };
+        let admitted = py.detach(|| {
+            self.ids
+                .create(&key, |id| self.inner.admit(id, &tokens, &opts))
+        });
         TieredAdmission::new(py, admitted.map_err(|e| self.err(e))?)
     }
 
@@ -162,7 +182,9 @@ impl TieredCache {
         #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
     ) -> PyResult<AppendOutcome> {
         let id = self.ids.get(&Key::extract(request_id)?)?;
-        let outcome = py.detach(|| self.inner.append(id, &tokens)).map_err(|e| self.err(e))?;
+        let outcome = py
+            .detach(|| self.inner.append(id, &tokens))
+            .map_err(|e| self.err(e))?;
         AppendOutcome::new(py, outcome)
     }
 
@@ -176,7 +198,8 @@ impl TieredCache {
         #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
     ) -> PyResult<()> {
         let id = self.ids.get(&Key::extract(request_id)?)?;
-        py.detach(|| self.inner.commit(id, num_computed_tokens)).map_err(|e| self.err(e))
+        py.detach(|| self.inner.commit(id, num_computed_tokens))
+            .map_err(|e| self.err(e))
     }
 
     /// Creates request ``child`` sharing the blocks of ``parent``, like
@@ -184,7 +207,9 @@ impl TieredCache {
     fn fork(&self, parent: &Bound<'_, PyAny>, child: &Bound<'_, PyAny>) -> PyResult<()> {
         let parent = self.ids.get(&Key::extract(parent)?)?;
         let child = Key::extract(child)?;
-        self.ids.create(&child, |c| self.inner.fork(parent, c)).map_err(|e| self.err(e))
+        self.ids
+            .create(&child, |c| self.inner.fork(parent, c))
+            .map_err(|e| self.err(e))
     }
 
     /// Frees ``request_id`` like ``BlockManager.free`` (an unchunked
@@ -198,9 +223,17 @@ impl TieredCache {
     }
 
     /// The block table of ``request_id`` (numpy int32), reserved room included.
-    fn block_table(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<Py<PyArray1<i32>>> {
+    fn block_table(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyArray1<i32>>> {
         let id = self.ids.get(&Key::extract(request_id)?)?;
-        let table = self.inner.manager().block_table(id).map_err(|e| self.err(e))?;
+        let table = self
+            .inner
+            .manager()
+            .block_table(id)
+            .map_err(|e| self.err(e))?;
         Ok(block_array(py, table))
     }
 
@@ -214,7 +247,11 @@ impl TieredCache {
         #[pyo3(from_py_with = ints::size)] end: usize,
     ) -> PyResult<Py<PyArray1<i64>>> {
         let id = self.ids.get(&Key::extract(request_id)?)?;
-        let slots = self.inner.manager().slot_mapping(id, start..end).map_err(|e| self.err(e))?;
+        let slots = self
+            .inner
+            .manager()
+            .slot_mapping(id, start..end)
+            .map_err(|e| self.err(e))?;
         Ok(PyArray1::from_vec(py, slots).unbind())
     }
 
@@ -229,9 +266,13 @@ impl TieredCache {
     /// a remote tier).
     #[pyo3(signature = (timeout_s = 10.0))]
     fn flush_remote(&self, py: Python<'_>, timeout_s: f64) -> PyResult<bool> {
-        let timeout = Duration::try_from_secs_f64(timeout_s)
-            .map_err(|_| PyValueError::new_err(format!("timeout_s must be >= 0, got {timeout_s}")))?;
-        Ok(self.inner.remote().is_none_or(|r| py.detach(|| r.flush(timeout))))
+        let timeout = Duration::try_from_secs_f64(timeout_s).map_err(|_| {
+            PyValueError::new_err(format!("timeout_s must be >= 0, got {timeout_s}"))
+        })?;
+        Ok(self
+            .inner
+            .remote()
+            .is_none_or(|r| py.detach(|| r.flush(timeout))))
     }
 
     /// A snapshot of the counters as a dict: ``query_tokens``,
@@ -244,8 +285,10 @@ impl TieredCache {
     /// ``get_bytes``) or ``None``; ``manager``: ``BlockManager.stats()``'s
     /// counters of the device tier.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let tiers = serde_json::to_value(self.inner.stats()).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let manager = serde_json::to_value(self.inner.manager().stats()).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let tiers = serde_json::to_value(self.inner.stats())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let manager = serde_json::to_value(self.inner.manager().stats())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let d = json_dict(py, &tiers)?;
         d.set_item("manager", json_dict(py, &manager)?)?;
         Ok(d)
@@ -256,7 +299,8 @@ impl TieredCache {
         format!(
             "TieredCache(write_policy={}, host={}, remote={})",
             self.inner.write_policy(),
-            s.host.map_or("None".into(), |h| format!("{} blocks", h.capacity_blocks)),
+            s.host
+                .map_or("None".into(), |h| format!("{} blocks", h.capacity_blocks)),
             if s.remote.is_some() { "on" } else { "None" }
         )
     }
@@ -283,7 +327,13 @@ fn json_value<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py
             None => n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any(),
         },
         Value::String(s) => s.into_pyobject(py)?.into_any(),
-        Value::Array(a) => PyList::new(py, a.iter().map(|x| json_value(py, x)).collect::<PyResult<Vec<_>>>()?)?.into_any(),
+        Value::Array(a) => PyList::new(
+            py,
+            a.iter()
+                .map(|x| json_value(py, x))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?
+        .into_any(),
         Value::Object(_) => json_dict(py, v)?.into_any(),
     })
 }

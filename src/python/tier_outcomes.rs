@@ -25,7 +25,11 @@ pub struct TierHits {
 
 impl From<tier::TierHits> for TierHits {
     fn from(h: tier::TierHits) -> Self {
-        Self { device_tokens: h.device_tokens, host_tokens: h.host_tokens, remote_tokens: h.remote_tokens }
+        Self {
+            device_tokens: h.device_tokens,
+            host_tokens: h.host_tokens,
+            remote_tokens: h.remote_tokens,
+        }
     }
 }
 

@@ -46,7 +46,8 @@ use super::report::{Distribution, ManagerCost, SimReport};
 use super::trace::TraceRequest;
 use crate::tier::remote::{BlockFormat, RemoteBackend, SimRemote};
 use crate::tier::{
-    redis_backend, BookkeepingOnly, TierHits, HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache, WritePolicy,
+    redis_backend, BookkeepingOnly, HostTier, RemoteOptions, RemoteTier, TierHits, TierOptions,
+    TieredCache, WritePolicy,
 };
 use crate::{
     AdmitOptions, BlockManager, CacheConfig, Dtype, Error, EvictionPolicyKind, ModelGeometry,
@@ -170,7 +171,11 @@ impl SimConfig {
                     lookup_budget: budget,
                     ..RemoteOptions::default()
                 };
-                Some(RemoteTier::new(backend, BlockFormat::new(&cache, 0), options)?)
+                Some(RemoteTier::new(
+                    backend,
+                    BlockFormat::new(&cache, 0),
+                    options,
+                )?)
             }
         };
         let manager = BlockManager::new(cache)?;
@@ -513,8 +518,15 @@ mod tests {
         // Request 2 evicts request 1's blocks tail first: 7 roots stay.
         let device_only = run(&reqs, &config(40));
         assert_eq!(device_only.hit_tokens, 7 * 64);
-        for (host_blocks, remote) in [(64, None), (0, Some(SimRemoteTier::InProcess { blocks: 64 }))] {
-            let tiered = SimConfig { host_blocks, remote: remote.clone(), ..config(40) };
+        for (host_blocks, remote) in [
+            (64, None),
+            (0, Some(SimRemoteTier::InProcess { blocks: 64 })),
+        ] {
+            let tiered = SimConfig {
+                host_blocks,
+                remote: remote.clone(),
+                ..config(40)
+            };
             let r = run(&reqs, &tiered);
             // The last prompt token is recomputed: 31 of 32 blocks load.
             assert_eq!(r.hit_tokens, 31 * 64, "{host_blocks} {remote:?}");

@@ -27,8 +27,8 @@ use cudarc::driver::{result as cu, sys, CudaContext};
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
 
 use super::{
-    check_block_io, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
-    LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
+    check_block_io, check_copy_pairs, check_gather_args, check_layer, check_write_args,
+    layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
 };
 use crate::codec::{Codec, ElemType};
 use crate::config::{CacheConfig, Dtype};
@@ -526,12 +526,21 @@ impl CudaStore {
         let offset = (block as usize * per_layer) as u64;
         guard("CUDA read_block", || {
             self.bind()?;
-            let copies = out.chunks_exact_mut(per_layer).enumerate().map(|(layer, chunk)| {
-                // SAFETY: the source is inside layer `layer` (block checked); the
-                // destination outlives the copy, which `finish` waits for.
-                unsafe { cu::memcpy_dtoh_async(chunk, self.layer_base(layer) + offset, stream.0 as RawStream) }
+            let copies = out
+                .chunks_exact_mut(per_layer)
+                .enumerate()
+                .map(|(layer, chunk)| {
+                    // SAFETY: the source is inside layer `layer` (block checked); the
+                    // destination outlives the copy, which `finish` waits for.
+                    unsafe {
+                        cu::memcpy_dtoh_async(
+                            chunk,
+                            self.layer_base(layer) + offset,
+                            stream.0 as RawStream,
+                        )
+                    }
                     .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
-            });
+                });
             finish(copies, stream)
         })
     }
@@ -545,12 +554,21 @@ impl CudaStore {
         let offset = (block as usize * per_layer) as u64;
         guard("CUDA write_block", || {
             self.bind()?;
-            let copies = data.chunks_exact(per_layer).enumerate().map(|(layer, chunk)| {
-                // SAFETY: the destination is inside layer `layer` (block
-                // checked); the source outlives the copy (`finish` waits).
-                unsafe { cu::memcpy_htod_async(self.layer_base(layer) + offset, chunk, stream.0 as RawStream) }
+            let copies = data
+                .chunks_exact(per_layer)
+                .enumerate()
+                .map(|(layer, chunk)| {
+                    // SAFETY: the destination is inside layer `layer` (block
+                    // checked); the source outlives the copy (`finish` waits).
+                    unsafe {
+                        cu::memcpy_htod_async(
+                            self.layer_base(layer) + offset,
+                            chunk,
+                            stream.0 as RawStream,
+                        )
+                    }
                     .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
-            });
+                });
             finish(copies, stream)
         })
     }

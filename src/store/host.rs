@@ -11,12 +11,13 @@
 //! on that layer; [`LatentStore::layer_view`] hands out the raw address,
 //! which bypasses the locks.
 
-use half::bf16;
 use crate::sync::RwLock;
+use half::bf16;
 
 use super::{
-    check_block, check_block_io, check_copy_pairs, check_gather_args, check_layer, check_write_args, layer_view_at, Device,
-    LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
+    check_block, check_block_io, check_copy_pairs, check_gather_args, check_layer,
+    check_write_args, layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream,
+    VectorDesc,
 };
 use crate::codec::{Codec, Decoded, Values};
 use crate::config::CacheConfig;
@@ -81,7 +82,9 @@ impl HostStore {
             .checked_mul(codec.bytes_per_token())
             .ok_or_else(too_big)?;
         let page = page_size();
-        let layer_stride = layer_bytes.checked_next_multiple_of(page).ok_or_else(too_big)?;
+        let layer_stride = layer_bytes
+            .checked_next_multiple_of(page)
+            .ok_or_else(too_big)?;
         let total = layer_stride
             .checked_mul(config.num_layers)
             .filter(|&t| t <= isize::MAX as usize)
@@ -119,12 +122,25 @@ impl HostStore {
         // for the whole call, and shared borrows cannot alias the store's
         // memory, which is only reachable through `&self` methods that never
         // hand out references beyond a call.
-        unsafe { self.write_raw(layer, c_kv, k_pe, VectorDesc::from_slice(slot_mapping), Stream::default()) }
+        unsafe {
+            self.write_raw(
+                layer,
+                c_kv,
+                k_pe,
+                VectorDesc::from_slice(slot_mapping),
+                Stream::default(),
+            )
+        }
     }
 
     /// Decodes the first `out.len() / (kv_lora_rank + rope_dim)` tokens of a
     /// sequence with `block_table` into `out` (f32 or bf16).
-    pub fn gather_into<O: Decoded>(&self, layer: usize, block_table: &[BlockId], out: &mut [O]) -> Result<()> {
+    pub fn gather_into<O: Decoded>(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        out: &mut [O],
+    ) -> Result<()> {
         let width = self.config.elements_per_token();
         if out.len() % width != 0 {
             return Err(Error::InvalidArgument(format!(
@@ -132,25 +148,48 @@ impl HostStore {
                 out.len()
             )));
         }
-        let out = MatrixDesc::contiguous(out.as_mut_ptr() as usize, O::TYPE, out.len() / width, width);
+        let out =
+            MatrixDesc::contiguous(out.as_mut_ptr() as usize, O::TYPE, out.len() / width, width);
         // SAFETY: `out` is an exclusive borrow and `block_table` a shared one,
         // both alive for the call, and neither can alias the store's memory.
-        unsafe { self.gather_raw(layer, VectorDesc::from_slice(block_table), out, Stream::default()) }
+        unsafe {
+            self.gather_raw(
+                layer,
+                VectorDesc::from_slice(block_table),
+                out,
+                Stream::default(),
+            )
+        }
     }
 
     /// Decodes the first `num_tokens` tokens of a sequence into a new
     /// `[num_tokens, kv_lora_rank + rope_dim]` f32 vector.
-    pub fn gather_f32(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<f32>> {
+    pub fn gather_f32(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        num_tokens: usize,
+    ) -> Result<Vec<f32>> {
         self.gather_vec(layer, block_table, num_tokens)
     }
 
     /// Decodes the first `num_tokens` tokens of a sequence into a new
     /// `[num_tokens, kv_lora_rank + rope_dim]` bf16 vector.
-    pub fn gather_bf16(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<bf16>> {
+    pub fn gather_bf16(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        num_tokens: usize,
+    ) -> Result<Vec<bf16>> {
         self.gather_vec(layer, block_table, num_tokens)
     }
 
-    fn gather_vec<O: Decoded>(&self, layer: usize, block_table: &[BlockId], num_tokens: usize) -> Result<Vec<O>> {
+    fn gather_vec<O: Decoded>(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        num_tokens: usize,
+    ) -> Result<Vec<O>> {
         let len = num_tokens
             .checked_mul(self.config.elements_per_token())
             .ok_or_else(|| Error::InvalidArgument(format!("num_tokens {num_tokens} too large")))?;
@@ -209,7 +248,6 @@ impl HostStore {
         Ok(())
     }
 
-
     /// The bytes of `layer`.
     ///
     /// # Safety
@@ -217,7 +255,12 @@ impl HostStore {
     /// the slice; `layer < num_layers`.
     unsafe fn layer_slice(&self, layer: usize) -> &[u8] {
         // SAFETY: the layer lies inside the mapping; the lock orders access.
-        unsafe { std::slice::from_raw_parts(self.memory.ptr.add(layer * self.layer_stride), self.layer_bytes) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.memory.ptr.add(layer * self.layer_stride),
+                self.layer_bytes,
+            )
+        }
     }
 
     /// The bytes of `layer`, mutable.
@@ -229,7 +272,12 @@ impl HostStore {
     unsafe fn layer_slice_mut(&self, layer: usize) -> &mut [u8] {
         // SAFETY: the layer lies inside the mapping; the write lock makes the
         // access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.memory.ptr.add(layer * self.layer_stride), self.layer_bytes) }
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.memory.ptr.add(layer * self.layer_stride),
+                self.layer_bytes,
+            )
+        }
     }
 }
 
@@ -278,7 +326,11 @@ impl LatentStore for HostStore {
             unsafe { std::slice::from_raw_parts(slot_mapping.addr as *const i64, slot_mapping.len) }
         };
         let capacity = self.config.num_tokens();
-        if let Some((t, &slot)) = slots.iter().enumerate().find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64) {
+        if let Some((t, &slot)) = slots
+            .iter()
+            .enumerate()
+            .find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64)
+        {
             return Err(Error::InvalidArgument(format!(
                 "slot_mapping[{t}] = {slot} out of range (num_blocks x block_size = {capacity})"
             )));
@@ -295,12 +347,21 @@ impl LatentStore for HostStore {
             // extent, with the right alignment; readable per the contract.
             let (c, k) = unsafe {
                 (
-                    Values::from_raw(c_kv.elem, (c_kv.addr + t * c_kv.row_stride) as *const u8, c_kv.cols),
-                    Values::from_raw(k_pe.elem, (k_pe.addr + t * k_pe.row_stride) as *const u8, k_pe.cols),
+                    Values::from_raw(
+                        c_kv.elem,
+                        (c_kv.addr + t * c_kv.row_stride) as *const u8,
+                        c_kv.cols,
+                    ),
+                    Values::from_raw(
+                        k_pe.elem,
+                        (k_pe.addr + t * k_pe.row_stride) as *const u8,
+                        k_pe.cols,
+                    ),
                 )
             };
             let start = slot as usize * bpt;
-            self.codec.encode_unchecked(c, k, &mut memory[start..start + bpt]);
+            self.codec
+                .encode_unchecked(c, k, &mut memory[start..start + bpt]);
         }
         Ok(())
     }
@@ -318,7 +379,8 @@ impl LatentStore for HostStore {
         }
         // SAFETY: checked non-null and aligned, `blocks <= len`; readable per
         // the contract.
-        let table = unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
+        let table =
+            unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
         for &block in table {
             check_block(&self.config, block)?;
         }
@@ -374,8 +436,11 @@ impl HostStore {
         for t in 0..out.rows {
             let slot = table[t / bs] as usize * bs + t % bs;
             // SAFETY: row `t` lies within the checked extent of `out`.
-            let row = unsafe { std::slice::from_raw_parts_mut((out.addr + t * out.row_stride) as *mut O, out.cols) };
-            self.codec.decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
+            let row = unsafe {
+                std::slice::from_raw_parts_mut((out.addr + t * out.row_stride) as *mut O, out.cols)
+            };
+            self.codec
+                .decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
         }
     }
 }
@@ -413,7 +478,10 @@ impl Mapping {
             }
         }
         let ptr = map_anonymous(len, 0).ok_or_else(|| {
-            Error::Storage(format!("mmap of {len} bytes failed: {}", std::io::Error::last_os_error()))
+            Error::Storage(format!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            ))
         })?;
         let kind = if huge_pages && advise_huge_pages(ptr, len) {
             PageKind::TransparentHuge
@@ -428,7 +496,11 @@ impl Mapping {
         const HUGE_PAGE: usize = 2 << 20;
         let len = len.checked_next_multiple_of(HUGE_PAGE)?;
         let ptr = map_anonymous(len, libc::MAP_HUGETLB)?;
-        Some(Self { ptr, len, kind: PageKind::HugeTlb })
+        Some(Self {
+            ptr,
+            len,
+            kind: PageKind::HugeTlb,
+        })
     }
 
     #[cfg(not(target_os = "linux"))]

@@ -62,21 +62,40 @@ pub struct MatrixDesc {
 impl MatrixDesc {
     /// A row-major tensor without padding.
     pub fn contiguous(addr: usize, elem: ElemType, rows: usize, cols: usize) -> Self {
-        Self { addr, elem, rows, cols, row_stride: cols * elem.size() }
+        Self {
+            addr,
+            elem,
+            rows,
+            cols,
+            row_stride: cols * elem.size(),
+        }
     }
 
     /// Checks the descriptor against the `rows x cols` shape an operation
     /// expects: element type among `allowed`, non-null and aligned when not
     /// empty, row stride a multiple of the element size that keeps rows from
     /// overlapping, and an extent that fits in the address space.
-    pub(crate) fn check(&self, name: &str, rows: usize, cols: usize, allowed: &[ElemType]) -> Result<()> {
+    pub(crate) fn check(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        allowed: &[ElemType],
+    ) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(format!("{name}: {m}")));
         if !allowed.contains(&self.elem) {
             let names: Vec<&str> = allowed.iter().map(|e| e.name()).collect();
-            return bad(format!("element type {} not supported (expected {})", self.elem, names.join(" or ")));
+            return bad(format!(
+                "element type {} not supported (expected {})",
+                self.elem,
+                names.join(" or ")
+            ));
         }
         if self.rows != rows || self.cols != cols {
-            return bad(format!("shape [{}, {}], expected [{rows}, {cols}]", self.rows, self.cols));
+            return bad(format!(
+                "shape [{}, {}], expected [{rows}, {cols}]",
+                self.rows, self.cols
+            ));
         }
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -86,10 +105,16 @@ impl MatrixDesc {
             return bad("null address".into());
         }
         if self.addr % size != 0 || self.row_stride % size != 0 {
-            return bad(format!("address and row stride must be multiples of {size} bytes"));
+            return bad(format!(
+                "address and row stride must be multiples of {size} bytes"
+            ));
         }
         if rows > 1 && self.row_stride < cols * size {
-            return bad(format!("row stride {} bytes overlaps rows of {} bytes", self.row_stride, cols * size));
+            return bad(format!(
+                "row stride {} bytes overlaps rows of {} bytes",
+                self.row_stride,
+                cols * size
+            ));
         }
         let extent = (rows - 1)
             .checked_mul(self.row_stride)
@@ -123,7 +148,11 @@ impl<T> Copy for VectorDesc<T> {}
 impl<T> VectorDesc<T> {
     /// `len` values at `addr`.
     pub fn new(addr: usize, len: usize) -> Self {
-        Self { addr, len, marker: PhantomData }
+        Self {
+            addr,
+            len,
+            marker: PhantomData,
+        }
     }
 
     /// The values of a host slice (valid while the slice is borrowed).
@@ -280,7 +309,12 @@ pub(crate) fn check_gather_args(
 ) -> Result<usize> {
     check_layer(config, layer)?;
     block_table.check("block_table")?;
-    out.check("out", out.rows, config.elements_per_token(), &[ElemType::Bf16, ElemType::F32])?;
+    out.check(
+        "out",
+        out.rows,
+        config.elements_per_token(),
+        &[ElemType::Bf16, ElemType::F32],
+    )?;
     let blocks = out.rows.div_ceil(config.block_size);
     if block_table.len < blocks {
         return Err(Error::InvalidArgument(format!(
@@ -302,7 +336,12 @@ pub(crate) fn check_block(config: &CacheConfig, block: BlockId) -> Result<()> {
 
 /// Checks a copy of one whole block (all layers, `len` bytes) in or out of
 /// a store; returns the block's bytes per layer.
-pub(crate) fn check_block_io(config: &CacheConfig, codec: &Codec, block: BlockId, len: usize) -> Result<usize> {
+pub(crate) fn check_block_io(
+    config: &CacheConfig,
+    codec: &Codec,
+    block: BlockId,
+    len: usize,
+) -> Result<usize> {
     check_block(config, block)?;
     let per_layer = config.block_size * codec.bytes_per_token();
     if len != config.num_layers * per_layer {
@@ -326,9 +365,15 @@ pub(crate) fn check_copy_pairs(config: &CacheConfig, pairs: &[(BlockId, BlockId)
     sources.sort_unstable();
     destinations.sort_unstable();
     if let Some(w) = destinations.windows(2).find(|w| w[0] == w[1]) {
-        return Err(Error::InvalidArgument(format!("copy_blocks: block {} is a destination twice", w[0])));
+        return Err(Error::InvalidArgument(format!(
+            "copy_blocks: block {} is a destination twice",
+            w[0]
+        )));
     }
-    if let Some(&dst) = destinations.iter().find(|d| sources.binary_search(d).is_ok()) {
+    if let Some(&dst) = destinations
+        .iter()
+        .find(|d| sources.binary_search(d).is_ok())
+    {
         return Err(Error::InvalidArgument(format!(
             "copy_blocks: block {dst} is both a source and a destination"
         )));
@@ -337,7 +382,12 @@ pub(crate) fn check_copy_pairs(config: &CacheConfig, pairs: &[(BlockId, BlockId)
 }
 
 /// The view of `layer` of a store whose layer `layer` starts at `addr`.
-pub(crate) fn layer_view_at(config: &CacheConfig, codec: &Codec, device: Device, addr: usize) -> LayerView {
+pub(crate) fn layer_view_at(
+    config: &CacheConfig,
+    codec: &Codec,
+    device: Device,
+    addr: usize,
+) -> LayerView {
     let bpt = codec.bytes_per_token();
     LayerView {
         addr,

@@ -164,7 +164,11 @@ impl TieredCache {
     /// A tiered cache over `manager` and its device store `device`. The
     /// tiers must hold blocks of the device's size; a remote tier needs a
     /// fixed `hash_seed` (shared by every node) and prefix caching.
-    pub fn new(manager: BlockManager, device: Arc<dyn BlockTransfer>, options: TierOptions) -> Result<Self> {
+    pub fn new(
+        manager: BlockManager,
+        device: Arc<dyn BlockTransfer>,
+        options: TierOptions,
+    ) -> Result<Self> {
         let config = manager.config();
         let bytes = device.block_bytes();
         let bad = |m: String| Err(Error::InvalidConfig(m));
@@ -174,7 +178,10 @@ impl TieredCache {
         }
         if let Some(host) = &options.host {
             if host.block_bytes() != bytes {
-                return bad(format!("host tier blocks are {} bytes, device blocks {bytes}", host.block_bytes()));
+                return bad(format!(
+                    "host tier blocks are {} bytes, device blocks {bytes}",
+                    host.block_bytes()
+                ));
             }
         }
         if let Some(remote) = &options.remote {
@@ -232,12 +239,25 @@ impl TieredCache {
         let bs = self.manager.config().block_size;
         let l1 = self.manager.match_prefix(tokens, keys).block_ids.len();
         if !self.tiered() {
-            return TierHits { device_tokens: l1 * bs, ..TierHits::default() };
+            return TierHits {
+                device_tokens: l1 * bs,
+                ..TierHits::default()
+            };
         }
         let hashes = self.manager.block_hashes(tokens, keys);
-        let l2 = self.host.as_ref().map_or(0, |h| h.leading_run(&hashes[l1..]));
-        let l3 = self.remote.as_ref().map_or(0, |r| r.probe(&hashes[l1 + l2..]));
-        TierHits { device_tokens: l1 * bs, host_tokens: l2 * bs, remote_tokens: l3 * bs }
+        let l2 = self
+            .host
+            .as_ref()
+            .map_or(0, |h| h.leading_run(&hashes[l1..]));
+        let l3 = self
+            .remote
+            .as_ref()
+            .map_or(0, |r| r.probe(&hashes[l1 + l2..]));
+        TierHits {
+            device_tokens: l1 * bs,
+            host_tokens: l2 * bs,
+            remote_tokens: l3 * bs,
+        }
     }
 
     /// Admits request `id` like [`BlockManager::admit`], then continues the
@@ -245,19 +265,30 @@ impl TieredCache {
     /// tier (capped like the manager's hits), before returning. With
     /// `opts.chunked_prefill` the engine commits from `num_cached_tokens`
     /// on; without, the whole prompt counts as computed, as in the manager.
-    pub fn admit(&self, id: RequestId, tokens: &[TokenId], opts: &AdmitOptions) -> Result<TieredAdmission> {
+    pub fn admit(
+        &self,
+        id: RequestId,
+        tokens: &[TokenId],
+        opts: &AdmitOptions,
+    ) -> Result<TieredAdmission> {
         if !self.tiered() {
             let a = self.manager.admit(id, tokens, opts)?;
             self.count_admission(tokens.len(), a.num_cached_tokens, 0, 0);
             return Ok(TieredAdmission {
-                hits: TierHits { device_tokens: a.num_cached_tokens, ..TierHits::default() },
+                hits: TierHits {
+                    device_tokens: a.num_cached_tokens,
+                    ..TierHits::default()
+                },
                 block_ids: a.block_ids,
                 num_cached_tokens: a.num_cached_tokens,
             });
         }
         let config = self.manager.config();
         let bs = config.block_size;
-        let chunked = AdmitOptions { chunked_prefill: true, ..opts.clone() };
+        let chunked = AdmitOptions {
+            chunked_prefill: true,
+            ..opts.clone()
+        };
         let admission = {
             let _alloc = self.alloc.lock();
             let a = self.manager.admit(id, tokens, &chunked);
@@ -267,7 +298,11 @@ impl TieredCache {
             a?
         };
         let hashes = self.manager.block_hashes(tokens, &opts.keys);
-        let limit = if config.cap_hit_at_last_token { (tokens.len() - 1) / bs } else { hashes.len() };
+        let limit = if config.cap_hit_at_last_token {
+            (tokens.len() - 1) / bs
+        } else {
+            hashes.len()
+        };
         let blocks = &admission.block_ids;
         let l1 = admission.num_cached_tokens / bs;
         if let WritePolicy::WriteThroughSelective { min_hits } = self.policy {
@@ -278,7 +313,9 @@ impl TieredCache {
         if let Some(host) = &self.host {
             while loaded < limit {
                 let b = blocks[loaded];
-                match host.read(hashes[loaded], |bytes| self.device.write_block(b, bytes, self.stream)) {
+                match host.read(hashes[loaded], |bytes| {
+                    self.device.write_block(b, bytes, self.stream)
+                }) {
                     Ok(true) => loaded += 1,
                     Ok(false) => break,
                     Err(_) => {
@@ -307,9 +344,17 @@ impl TieredCache {
         }
         let l3 = loaded - l1 - l2;
 
-        let state = RequestState { written: loaded, settled: loaded, unchunked: !opts.chunked_prefill };
+        let state = RequestState {
+            written: loaded,
+            settled: loaded,
+            unchunked: !opts.chunked_prefill,
+        };
         self.requests.lock().insert(id, state);
-        let computed = if opts.chunked_prefill { loaded * bs } else { tokens.len() };
+        let computed = if opts.chunked_prefill {
+            loaded * bs
+        } else {
+            tokens.len()
+        };
         if computed > admission.num_cached_tokens {
             self.manager.commit(id, computed)?;
         }
@@ -317,7 +362,11 @@ impl TieredCache {
         Ok(TieredAdmission {
             block_ids: admission.block_ids,
             num_cached_tokens: loaded * bs,
-            hits: TierHits { device_tokens: l1 * bs, host_tokens: l2 * bs, remote_tokens: l3 * bs },
+            hits: TierHits {
+                device_tokens: l1 * bs,
+                host_tokens: l2 * bs,
+                remote_tokens: l3 * bs,
+            },
         })
     }
 
@@ -461,7 +510,12 @@ impl TieredCache {
         if self.policy != WritePolicy::WriteThrough {
             return Ok(());
         }
-        let Some((written, settled)) = self.requests.lock().get(&id).map(|r| (r.written, r.settled)) else {
+        let Some((written, settled)) = self
+            .requests
+            .lock()
+            .get(&id)
+            .map(|r| (r.written, r.settled))
+        else {
             return Ok(());
         };
         if settled <= written {
@@ -487,30 +541,35 @@ impl TieredCache {
         let mut copied = 0;
         for &(h, b) in blocks {
             let value = match (&self.host, &self.remote) {
-                (Some(host), remote) => match host.insert(h, |buf| self.device.read_block(b, buf, self.stream)) {
-                    Ok(false) => continue,
-                    Ok(true) => {
-                        copied += 1;
-                        let Some(remote) = remote else { continue };
-                        let mut value = None;
-                        let read = host.read(h, |bytes| {
-                            value = Some(remote.format().encode::<Error>(h, |p| {
-                                p.copy_from_slice(bytes);
+                (Some(host), remote) => {
+                    match host.insert(h, |buf| self.device.read_block(b, buf, self.stream)) {
+                        Ok(false) => continue,
+                        Ok(true) => {
+                            copied += 1;
+                            let Some(remote) = remote else { continue };
+                            let mut value = None;
+                            let read = host.read(h, |bytes| {
+                                value = Some(remote.format().encode::<Error>(h, |p| {
+                                    p.copy_from_slice(bytes);
+                                    Ok(())
+                                })?);
                                 Ok(())
-                            })?);
-                            Ok(())
-                        });
-                        match (read, value) {
-                            (Ok(true), Some(v)) => v,
-                            _ => continue,
+                            });
+                            match (read, value) {
+                                (Ok(true), Some(v)) => v,
+                                _ => continue,
+                            }
+                        }
+                        Err(_) => {
+                            self.counters.copy_errors.fetch_add(1, Relaxed);
+                            continue;
                         }
                     }
-                    Err(_) => {
-                        self.counters.copy_errors.fetch_add(1, Relaxed);
-                        continue;
-                    }
-                },
-                (None, Some(remote)) => match remote.format().encode(h, |p| self.device.read_block(b, p, self.stream)) {
+                }
+                (None, Some(remote)) => match remote
+                    .format()
+                    .encode(h, |p| self.device.read_block(b, p, self.stream))
+                {
                     Ok(v) => {
                         copied += 1;
                         v

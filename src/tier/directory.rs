@@ -77,12 +77,17 @@ impl LruDirectory {
             Some(slot) => (slot, None),
             None => {
                 let slot = self.lru.pop_front()?;
-                let old = self.slots[slot as usize].take().expect("listed slots are occupied");
+                let old = self.slots[slot as usize]
+                    .take()
+                    .expect("listed slots are occupied");
                 self.map.remove(&old);
                 self.lru.push_back(slot);
                 self.slots[slot as usize] = Some(hash);
                 self.map.insert(hash, slot);
-                return Some(Placed { slot, evicted: Some(old) });
+                return Some(Placed {
+                    slot,
+                    evicted: Some(old),
+                });
             }
         };
         self.lru.push_back(slot);
@@ -114,7 +119,13 @@ mod tests {
         assert_ne!(a.slot, b.slot);
         assert_eq!(d.insert(h(1)), None, "already held: touched");
         let c = d.insert(h(3)).unwrap();
-        assert_eq!(c, Placed { slot: b.slot, evicted: Some(h(2)) });
+        assert_eq!(
+            c,
+            Placed {
+                slot: b.slot,
+                evicted: Some(h(2))
+            }
+        );
         assert!(d.contains(h(1)) && d.contains(h(3)) && !d.contains(h(2)));
         d.remove(h(1));
         assert_eq!(d.len(), 1);

@@ -106,7 +106,11 @@ impl HostTier {
     /// recently used block when full. `Ok(false)` when the tier already
     /// holds it (contents are immutable per hash) or has no room at all. If
     /// `fill` fails, the block is not stored.
-    pub fn insert(&self, hash: BlockHash, fill: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<bool> {
+    pub fn insert(
+        &self,
+        hash: BlockHash,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<bool> {
         let mut inner = self.inner.lock();
         let Some(placed) = inner.directory.insert(hash) else {
             return Ok(false);
@@ -159,10 +163,12 @@ mod tests {
         assert!(tier.insert(h(3), fill(3)).unwrap());
         assert_eq!(tier.leading_run(&[h(1), h(3), h(2)]), 2);
         let mut seen = Vec::new();
-        assert!(tier.read(h(3), |b| {
-            seen.extend_from_slice(b);
-            Ok(())
-        }).unwrap());
+        assert!(tier
+            .read(h(3), |b| {
+                seen.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap());
         assert_eq!(seen, [3; 4]);
         assert!(!tier.read(h(2), |_| unreachable!()).unwrap());
         let failed = tier.insert(h(4), |_| Err(crate::Error::Storage("copy failed".into())));

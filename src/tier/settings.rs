@@ -65,7 +65,12 @@ impl TierSettings {
             )?),
         };
         let manager = BlockManager::new(config)?;
-        let tiers = TierOptions { write_policy: self.write_policy, host, remote, stream: self.stream };
+        let tiers = TierOptions {
+            write_policy: self.write_policy,
+            host,
+            remote,
+            stream: self.stream,
+        };
         TieredCache::new(manager, device, tiers)
     }
 }
@@ -73,7 +78,16 @@ impl TierSettings {
 /// Checks that a manager's configuration and a store's describe the same
 /// blocks: count, tokens per block, layers, latent sizes and format.
 pub fn check_same_blocks(manager: &CacheConfig, store: &CacheConfig) -> Result<()> {
-    let shape = |c: &CacheConfig| (c.num_blocks, c.block_size, c.num_layers, c.kv_lora_rank, c.rope_dim, c.dtype);
+    let shape = |c: &CacheConfig| {
+        (
+            c.num_blocks,
+            c.block_size,
+            c.num_layers,
+            c.kv_lora_rank,
+            c.rope_dim,
+            c.dtype,
+        )
+    };
     if shape(manager) == shape(store) {
         return Ok(());
     }
@@ -90,7 +104,10 @@ pub fn check_same_blocks(manager: &CacheConfig, store: &CacheConfig) -> Result<(
 #[cfg(feature = "remote-redis")]
 pub fn redis_backend(spec: &str) -> Result<Box<dyn RemoteBackend>> {
     use super::remote::{RedisOptions, RedisRemote};
-    Ok(Box::new(RedisRemote::from_spec(spec, RedisOptions::default())?))
+    Ok(Box::new(RedisRemote::from_spec(
+        spec,
+        RedisOptions::default(),
+    )?))
 }
 
 /// A Valkey/Redis backend: unavailable in this build.
@@ -108,7 +125,12 @@ mod tests {
     use crate::{AdmitOptions, ExtraKeys};
 
     fn config() -> CacheConfig {
-        CacheConfig { num_layers: 2, block_size: 4, hash_seed: Some(1), ..CacheConfig::new(8) }
+        CacheConfig {
+            num_layers: 2,
+            block_size: 4,
+            hash_seed: Some(1),
+            ..CacheConfig::new(8)
+        }
     }
 
     #[test]
@@ -116,18 +138,36 @@ mod tests {
         let c = config();
         let store = Arc::new(HostStore::new(&c).unwrap());
         let bytes = store.block_bytes() as u64;
-        let settings = TierSettings { host_bytes: 3 * bytes + bytes / 2, ..TierSettings::default() };
+        let settings = TierSettings {
+            host_bytes: 3 * bytes + bytes / 2,
+            ..TierSettings::default()
+        };
         let cache = settings.build(c.clone(), &c, store.clone()).unwrap();
         assert_eq!(cache.host().unwrap().stats().capacity_blocks, 3);
         assert!(cache.remote().is_none());
         let tokens: Vec<u32> = (0..9).collect();
         cache.admit(1, &tokens, &AdmitOptions::default()).unwrap();
         cache.free(1).unwrap();
-        assert_eq!(cache.lookup(&tokens, &ExtraKeys::default()).device_tokens, 8);
+        assert_eq!(
+            cache.lookup(&tokens, &ExtraKeys::default()).device_tokens,
+            8
+        );
 
-        let small = TierSettings { host_bytes: bytes - 1, ..TierSettings::default() };
-        assert!(matches!(small.build(c.clone(), &c, store.clone()), Err(Error::InvalidConfig(_))));
-        let other = CacheConfig { num_blocks: 9, ..c.clone() };
-        assert!(matches!(settings.build(other, &c, store), Err(Error::InvalidConfig(_))));
+        let small = TierSettings {
+            host_bytes: bytes - 1,
+            ..TierSettings::default()
+        };
+        assert!(matches!(
+            small.build(c.clone(), &c, store.clone()),
+            Err(Error::InvalidConfig(_))
+        ));
+        let other = CacheConfig {
+            num_blocks: 9,
+            ..c.clone()
+        };
+        assert!(matches!(
+            settings.build(other, &c, store),
+            Err(Error::InvalidConfig(_))
+        ));
     }
 }

@@ -80,6 +80,8 @@ fn empty(len: usize) -> Result<()> {
     if len == 0 {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("blocks hold no bytes here, got {len}")))
+        Err(Error::InvalidArgument(format!(
+            "blocks hold no bytes here, got {len}"
+        )))
     }
 }

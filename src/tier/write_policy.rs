@@ -29,7 +29,9 @@ impl fmt::Display for WritePolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::WriteThrough => f.write_str("write-through"),
-            Self::WriteThroughSelective { min_hits } => write!(f, "write-through-selective:{min_hits}"),
+            Self::WriteThroughSelective { min_hits } => {
+                write!(f, "write-through-selective:{min_hits}")
+            }
             Self::WriteBack => f.write_str("write-back"),
         }
     }
@@ -48,7 +50,9 @@ impl FromStr for WritePolicy {
         match s.split_once(':') {
             None if s == "write-through" => Ok(Self::WriteThrough),
             None if s == "write-back" => Ok(Self::WriteBack),
-            None if s == "write-through-selective" => Ok(Self::WriteThroughSelective { min_hits: 2 }),
+            None if s == "write-through-selective" => {
+                Ok(Self::WriteThroughSelective { min_hits: 2 })
+            }
             Some(("write-through-selective", n)) => match n.parse() {
                 Ok(min_hits) if min_hits >= 1 => Ok(Self::WriteThroughSelective { min_hits }),
                 _ => Err(bad()),

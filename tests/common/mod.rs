@@ -20,11 +20,21 @@ pub fn normal(rng: &mut StdRng) -> f32 {
 
 /// `tokens` rows of `width` Gaussian values; the channels in `outliers` are
 /// scaled by `outlier_gain` (activations with a few large channels).
-pub fn gaussian_rows(rng: &mut StdRng, tokens: usize, width: usize, outliers: &[usize], outlier_gain: f32) -> Vec<f32> {
+pub fn gaussian_rows(
+    rng: &mut StdRng,
+    tokens: usize,
+    width: usize,
+    outliers: &[usize],
+    outlier_gain: f32,
+) -> Vec<f32> {
     let mut v = Vec::with_capacity(tokens * width);
     for _ in 0..tokens {
         for c in 0..width {
-            let g = if outliers.contains(&c) { outlier_gain } else { 1.0 };
+            let g = if outliers.contains(&c) {
+                outlier_gain
+            } else {
+                1.0
+            };
             v.push(normal(rng) * g);
         }
     }

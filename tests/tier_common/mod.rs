@@ -12,7 +12,13 @@ pub const BLOCK: usize = 16;
 
 /// 3 layers, blocks of 16 tokens, a fixed hash seed (as nodes sharing a remote tier need).
 pub fn config(dtype: Dtype, num_blocks: usize) -> CacheConfig {
-    CacheConfig { num_layers: 3, block_size: BLOCK, dtype, hash_seed: Some(42), ..CacheConfig::new(num_blocks) }
+    CacheConfig {
+        num_layers: 3,
+        block_size: BLOCK,
+        dtype,
+        hash_seed: Some(42),
+        ..CacheConfig::new(num_blocks)
+    }
 }
 
 /// A device tier of `num_blocks` blocks with the given lower tiers.
@@ -27,8 +33,16 @@ pub fn cache(
     let store = Arc::new(HostStore::new(&config).unwrap());
     let host = host_blocks.map(|n| HostTier::new(store.block_bytes(), n).unwrap());
     let manager = BlockManager::new(config).unwrap();
-    let tiers = TierOptions { write_policy: policy, host, remote, ..TierOptions::default() };
-    (TieredCache::new(manager, store.clone(), tiers).unwrap(), store)
+    let tiers = TierOptions {
+        write_policy: policy,
+        host,
+        remote,
+        ..TierOptions::default()
+    };
+    (
+        TieredCache::new(manager, store.clone(), tiers).unwrap(),
+        store,
+    )
 }
 
 /// `n` tokens of a prompt named `seed`.
@@ -49,7 +63,13 @@ fn latents(seed: u32, tokens: usize) -> (Vec<f32>, Vec<f32>) {
 
 /// Writes prompt `seed`'s latents for `tokens` tokens of request `id`
 /// into every layer, as the engine's prefill would.
-pub fn write_prefill(cache: &TieredCache, store: &HostStore, id: RequestId, seed: u32, tokens: usize) {
+pub fn write_prefill(
+    cache: &TieredCache,
+    store: &HostStore,
+    id: RequestId,
+    seed: u32,
+    tokens: usize,
+) {
     let slots = cache.manager().slot_mapping(id, 0..tokens).unwrap();
     let (c, k) = latents(seed, tokens);
     for layer in 0..store.config().num_layers {
@@ -59,9 +79,18 @@ pub fn write_prefill(cache: &TieredCache, store: &HostStore, id: RequestId, seed
 
 /// Admits prompt `seed` (chunked), writes what was not served from a
 /// tier, commits it; returns the block table.
-pub fn run_prefill(cache: &TieredCache, store: &HostStore, id: RequestId, seed: u32, tokens: usize) -> Vec<BlockId> {
+pub fn run_prefill(
+    cache: &TieredCache,
+    store: &HostStore,
+    id: RequestId,
+    seed: u32,
+    tokens: usize,
+) -> Vec<BlockId> {
     let p = prompt(seed, tokens);
-    let opts = AdmitOptions { chunked_prefill: true, ..AdmitOptions::default() };
+    let opts = AdmitOptions {
+        chunked_prefill: true,
+        ..AdmitOptions::default()
+    };
     let a = cache.admit(id, &p, &opts).unwrap();
     write_prefill(cache, store, id, seed, tokens);
     cache.commit(id, tokens).unwrap();

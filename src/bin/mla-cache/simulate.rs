@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use mla_cache::sim::SimRemoteTier;
 use mla_cache::sim::{
     simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
 };
-use mla_cache::sim::SimRemoteTier;
 use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 
@@ -191,7 +191,10 @@ impl SimulateArgs {
 
     /// Adds the lower tiers the options name, sized in blocks of `config`.
     pub fn with_tiers(&self, mut config: SimConfig) -> Result<SimConfig, String> {
-        let per_block = config.cache_config().map_err(|e| e.to_string())?.bytes_per_block() as u64;
+        let per_block = config
+            .cache_config()
+            .map_err(|e| e.to_string())?
+            .bytes_per_block() as u64;
         config.host_blocks = (self.host_mem / per_block) as usize;
         config.write_policy = self.write_policy;
         config.remote = match self.remote.as_deref() {
@@ -200,7 +203,9 @@ impl SimulateArgs {
                 Some(size) => SimRemoteTier::InProcess {
                     blocks: (args::bytes(size)? / per_block) as usize,
                 },
-                None => SimRemoteTier::Redis { spec: spec.to_string() },
+                None => SimRemoteTier::Redis {
+                    spec: spec.to_string(),
+                },
             }),
         };
         Ok(config)
