@@ -115,6 +115,8 @@ struct Block {
     pins: u32,
     /// Set while the block is in the prefix index under this hash.
     hash: Option<BlockHash>,
+    /// The index shard holding it (its chain's), while `hash` is set.
+    shard: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -228,12 +230,9 @@ impl BlockManager {
 
     /// Leading blocks of `hashes` found in the index, at most `limit`.
     fn lookup(&self, tokens: &[TokenId], hashes: &[BlockHash], limit: usize) -> Vec<BlockId> {
-        hashes
-            .iter()
-            .take(limit)
-            .enumerate()
-            .map_while(|(i, h)| self.index.get(*h, self.verify(tokens, i)))
-            .collect()
+        let keys = hashes.iter().take(limit).enumerate();
+        self.index
+            .leading_run(keys.map(|(i, h)| (*h, self.verify(tokens, i))))
     }
 
     /// Admits request `id` with its prompt `tokens`, reusing the longest
@@ -598,7 +597,7 @@ impl BlockManager {
                 continue;
             };
             let free = block.ref_count == 0;
-            self.index.remove(hash);
+            self.index.remove(block.shard, hash);
             if free {
                 st.policy.remove(b);
                 st.unhashed.push_back(b);
@@ -745,11 +744,9 @@ impl BlockManager {
             return Err(Error::BlocksInUse(used));
         }
         while let Some(b) = st.policy.evict() {
-            let hash = st.blocks[b as usize]
-                .hash
-                .take()
-                .expect("evictable blocks are hashed");
-            self.index.remove(hash);
+            let block = &mut st.blocks[b as usize];
+            let hash = block.hash.take().expect("evictable blocks are hashed");
+            self.index.remove(block.shard, hash);
             st.unhashed.push_back(b);
         }
         if self.config.enable_events {
@@ -823,11 +820,9 @@ impl BlockManager {
     /// listed nowhere; the caller takes it or lists it as unhashed.
     fn evict_victim(&self, st: &mut State) -> Option<BlockId> {
         let b = st.policy.evict()?;
-        let hash = st.blocks[b as usize]
-            .hash
-            .take()
-            .expect("evictable blocks are hashed");
-        self.index.remove(hash);
+        let block = &mut st.blocks[b as usize];
+        let hash = block.hash.take().expect("evictable blocks are hashed");
+        self.index.remove(block.shard, hash);
         st.stats.evictions += 1;
         if let Some(log) = &mut st.evicted {
             log.push((hash, b));
@@ -869,8 +864,13 @@ impl BlockManager {
             if st.blocks[b as usize].hash.is_some() {
                 continue; // a hit: already indexed
             }
-            if self.index.insert(hash, b, self.verify(&request.tokens, i)) {
+            let shard = PrefixIndex::shard_of_chain(request.hashes[0]);
+            if self
+                .index
+                .insert(shard, hash, b, self.verify(&request.tokens, i))
+            {
                 st.blocks[b as usize].hash = Some(hash);
+                st.blocks[b as usize].shard = shard;
                 st.policy.on_store(b, hash);
                 st.stats.blocks_stored += 1;
                 if self.config.enable_events {
