@@ -161,6 +161,7 @@ impl Hasher {
         buf: &mut Vec<u8>,
     ) {
         let full = (tokens.len() / self.block_size).min(limit);
+        out.reserve(full.saturating_sub(out.len()));
         for i in out.len()..full {
             let parent = if i == 0 { self.root } else { out[i - 1] };
             let block = &tokens[i * self.block_size..(i + 1) * self.block_size];

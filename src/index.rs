@@ -100,7 +100,7 @@ impl PrefixIndex {
             return Vec::new();
         };
         let shard = self.shards[Self::shard_of_chain(root) as usize].read();
-        let mut run = Vec::new();
+        let mut run = Vec::with_capacity(keys.size_hint().0);
         for (hash, tokens) in keys {
             match (shard.get(&hash), tokens) {
                 (
