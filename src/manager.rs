@@ -350,57 +350,25 @@ impl BlockManager {
         if tokens.is_empty() {
             return Err(Error::EmptyInput("append needs at least one token"));
         }
-        let bs = self.config.block_size;
         let mut st = self.state.lock();
         let state = &mut *st;
-        let request = state
+        let mut request = state
             .requests
-            .get_mut(&id)
+            .remove(&id)
             .ok_or(Error::UnknownRequest(id))?;
-        let len = request.tokens.len();
-        let new_len = len
-            .checked_add(tokens.len())
-            .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))?;
-        let needed = self.blocks_for(new_len);
-        if needed > self.config.num_blocks {
-            return Err(Error::RequestTooLarge {
-                needed,
-                total: self.config.num_blocks,
-            });
-        }
-        let grow = needed.saturating_sub(request.blocks.len());
-        let tail = len / bs;
-        let cow = len % bs != 0 && state.blocks[request.blocks[tail] as usize].ref_count > 1;
-        let fresh = grow + usize::from(cow);
-        if fresh > state.num_free {
-            return Err(Error::OutOfBlocks {
-                needed: fresh,
-                available: state.num_free,
-            });
-        }
-
-        let mut outcome = AppendOutcome::default();
-        let mut request = state.requests.remove(&id).expect("looked up above");
-        if cow {
-            let src = request.blocks[tail];
-            let dst = self.allocate(state);
-            state.release(src);
-            request.blocks[tail] = dst;
-            state.stats.cow_copies += 1;
-            outcome.copies.push(BlockCopy { src, dst });
-        }
-        for _ in 0..grow {
-            let b = self.allocate(state);
-            request.blocks.push(b);
-            outcome.new_block_ids.push(b);
-        }
-        request.tokens.extend_from_slice(tokens);
-        if !request.chunked {
-            request.num_computed = new_len;
-            self.index_blocks(state, &mut request, None);
-        }
+        let outcome = match request.tokens.len().checked_add(tokens.len()) {
+            None => Err(Error::InvalidArgument("sequence length overflows".into())),
+            Some(new_len) => self.make_room(state, &mut request, new_len).inspect(|_| {
+                request.tokens.extend_from_slice(tokens);
+                if !request.chunked {
+                    request.num_computed = new_len;
+                    self.index_blocks(state, &mut request, None);
+                }
+            }),
+        };
+        // Back in the map whether or not the append succeeded.
         state.requests.insert(id, request);
-        Ok(outcome)
+        outcome
     }
 
     /// Reports that the first `num_computed_tokens` tokens of request `id`
@@ -517,14 +485,28 @@ impl BlockManager {
     /// [`Error::OutOfBlocks`] (fits later) or [`Error::RequestTooLarge`]
     /// (never fits) change nothing.
     pub fn reserve(&self, id: RequestId, total_slots: usize) -> Result<AppendOutcome> {
-        let bs = self.config.block_size;
         let mut st = self.state.lock();
         let state = &mut *st;
-        let request = state
+        let mut request = state
             .requests
-            .get_mut(&id)
+            .remove(&id)
             .ok_or(Error::UnknownRequest(id))?;
-        let needed = self.blocks_for(total_slots);
+        let outcome = self.make_room(state, &mut request, total_slots);
+        state.requests.insert(id, request);
+        outcome
+    }
+
+    /// Grows `request`'s table (taken out of the request map) to room for
+    /// `slots` positions, first copying a shared partial tail that positions
+    /// past its tokens would be written into. All or nothing.
+    fn make_room(
+        &self,
+        state: &mut State,
+        request: &mut Request,
+        slots: usize,
+    ) -> Result<AppendOutcome> {
+        let bs = self.config.block_size;
+        let needed = self.blocks_for(slots);
         if needed > self.config.num_blocks {
             return Err(Error::RequestTooLarge {
                 needed,
@@ -534,7 +516,7 @@ impl BlockManager {
         let len = request.tokens.len();
         let grow = needed.saturating_sub(request.blocks.len());
         let tail = len / bs;
-        let cow = total_slots > len
+        let cow = slots > len
             && len % bs != 0
             && state.blocks[request.blocks[tail] as usize].ref_count > 1;
         let fresh = grow + usize::from(cow);
@@ -545,21 +527,19 @@ impl BlockManager {
             });
         }
         let mut outcome = AppendOutcome::default();
-        let mut blocks = std::mem::take(&mut request.blocks);
         if cow {
-            let src = blocks[tail];
+            let src = request.blocks[tail];
             let dst = self.allocate(state);
             state.release(src);
-            blocks[tail] = dst;
+            request.blocks[tail] = dst;
             state.stats.cow_copies += 1;
             outcome.copies.push(BlockCopy { src, dst });
         }
         for _ in 0..grow {
             let b = self.allocate(state);
-            blocks.push(b);
+            request.blocks.push(b);
             outcome.new_block_ids.push(b);
         }
-        state.requests.get_mut(&id).expect("looked up above").blocks = blocks;
         Ok(outcome)
     }
 
