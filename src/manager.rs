@@ -117,6 +117,9 @@ struct Block {
     hash: Option<BlockHash>,
     /// The index shard holding it (its chain's), while `hash` is set.
     shard: u8,
+    /// Its contents were declared unreadable (`evict_blocks` while in use):
+    /// not to be copied anywhere until it is reallocated.
+    dropped: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -577,6 +580,7 @@ impl BlockManager {
                 continue;
             };
             let free = block.ref_count == 0;
+            block.dropped = !free;
             self.index.remove(block.shard, hash);
             if free {
                 st.policy.remove(b);
@@ -743,8 +747,10 @@ impl BlockManager {
     }
 
     /// The (hash, block) pairs of request `id`'s full computed blocks from
-    /// block `from` on, in table order. Their contents are final: full
-    /// computed blocks are never written again.
+    /// block `from` on, in table order, up to the first one dropped by
+    /// [`BlockManager::evict_blocks`] (its contents were declared
+    /// unreadable). Their contents are final: full computed blocks are never
+    /// written again.
     pub fn computed_blocks(&self, id: RequestId, from: usize) -> Result<Vec<(BlockHash, BlockId)>> {
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
@@ -754,6 +760,7 @@ impl BlockManager {
             .zip(&request.blocks)
             .skip(from)
             .map(|(&h, &b)| (h, b))
+            .take_while(|&(_, b)| !st.blocks[b as usize].dropped)
             .collect())
     }
 
@@ -791,7 +798,9 @@ impl BlockManager {
             None => self.evict_victim(st).expect("caller checked free blocks"),
         };
         st.num_free -= 1;
-        st.blocks[b as usize].ref_count = 1;
+        let block = &mut st.blocks[b as usize];
+        block.ref_count = 1;
+        block.dropped = false;
         b
     }
 

@@ -803,3 +803,29 @@ fn unpin_releases_exactly_what_its_pin_took() {
     assert_eq!(m.num_free_blocks(), 8);
     ok(&m);
 }
+
+#[test]
+fn blocks_dropped_in_use_are_not_offered_to_lower_tiers() {
+    let m = manager(4);
+    let a = m.admit(1, &toks(0..13), &AdmitOptions::default()).unwrap(); // 3 full blocks
+    assert_eq!(m.computed_blocks(1, 0).unwrap().len(), 3);
+    assert_eq!(m.evict_blocks(&[a.block_ids[1]]).unwrap(), 1);
+    // Only the run before the dropped block may be copied anywhere.
+    let offered: Vec<_> = m
+        .computed_blocks(1, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(offered, vec![a.block_ids[0]]);
+    m.free(1).unwrap();
+    ok(&m);
+    // Reallocated (the cache has 4 blocks: all are reused), the block is an
+    // ordinary block again.
+    let b = m
+        .admit(2, &toks(100..113), &AdmitOptions::default())
+        .unwrap();
+    assert!(b.block_ids.contains(&a.block_ids[1]));
+    assert_eq!(m.computed_blocks(2, 0).unwrap().len(), 3);
+    ok(&m);
+}
