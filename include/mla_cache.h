@@ -1398,9 +1398,10 @@ enum MlaStatus mla_manager_pin(struct MlaManager *manager,
                                size_t *pinned_tokens);
 
 /**
- * Releases one pin of each pinned block of the prefix `tokens` under
- * `keys` (NULL for none); writes the tokens unpinned. Fails with
- * `MLA_STATUS_NOT_PINNED` if its first block is not pinned.
+ * Releases one pin of the prefix `tokens` under `keys` (NULL for none):
+ * the pin whose run ends deepest in it, exactly the blocks that
+ * `mla_manager_pin` took; writes the tokens unpinned. Fails with
+ * `MLA_STATUS_NOT_PINNED` when no pin lies on the prefix.
  *
  * # Safety
  * As for `mla_manager_pin`.

@@ -309,7 +309,7 @@ class BlockManager:
     def unpin(
         self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
     ) -> int:
-        """Releases one pin of each pinned block of a prefix; returns the tokens unpinned."""
+        """Releases the pin lying deepest on a prefix (exactly the blocks its ``pin`` took); returns the tokens unpinned."""
     def stats(self) -> dict[str, Union[int, float]]:
         """A snapshot of gauges and counters."""
     def take_events(self) -> list[CacheEvent]:

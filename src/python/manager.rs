@@ -283,9 +283,9 @@ impl BlockManager {
         hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
     }
 
-    /// Releases one pin of each pinned block of the prefix ``tokens``;
-    /// returns the tokens unpinned. ``ValueError`` if the prefix's first
-    /// block is not pinned.
+    /// Releases one pin of the prefix ``tokens``: the pin whose run ends
+    /// deepest in it, exactly the blocks that ``pin`` took; returns the
+    /// tokens unpinned. ``ValueError`` when no pin lies on the prefix.
     #[pyo3(signature = (tokens, *, extra_keys = None, salt = None))]
     fn unpin(
         &self,
