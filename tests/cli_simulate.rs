@@ -398,3 +398,31 @@ fn the_sweep_compares_policies_with_the_offline_bound() {
     let svg = std::fs::read_to_string(svg).unwrap();
     assert!(svg.contains("Belady bound") && svg.contains("fp8_ds_mla, arc"));
 }
+
+#[test]
+fn arc_beats_lru_on_returning_chats_under_a_flood_of_one_offs() {
+    // Issue figures: the chat-long-think conversations beside the
+    // prompt-flood documents, through a cache of 16,383 blocks.
+    let hits = |policy: &str| {
+        let r = json(&[
+            "simulate",
+            "--workload",
+            "chat-under-flood",
+            "--blocks",
+            "16383",
+            "--eviction",
+            policy,
+            "--json",
+        ]);
+        assert_eq!(r["config"]["eviction"], policy);
+        assert_eq!(
+            r["requests"], 24_676,
+            "3,000 conversations and 2,000 one-offs"
+        );
+        r["hit_tokens"].as_u64().unwrap()
+    };
+    let (lru, arc) = (hits("lru"), hits("arc"));
+    // LRU lets the one-off documents push the conversations out between
+    // turns; ARC turns the flood over among blocks seen once.
+    assert!(arc * 5 > lru * 6, "arc {arc} vs lru {lru} hit tokens");
+}

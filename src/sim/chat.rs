@@ -29,6 +29,9 @@ pub struct ChatConfig {
     pub system_prompts: usize,
     /// System prompt length in 512-token blocks.
     pub system_prompt_blocks: (u64, u64),
+    /// Tokens of a private context (a document, a repository) sent with the
+    /// first message only; `(0, 0)` for plain chat.
+    pub context_tokens: (u64, u64),
     /// Turns per conversation.
     pub turns: (u64, u64),
     /// Tokens of each user message.
@@ -50,6 +53,7 @@ impl Default for ChatConfig {
             conversations: 1000,
             system_prompts: 8,
             system_prompt_blocks: (1, 8),
+            context_tokens: (0, 0),
             turns: (1, 10),
             user_tokens: (16, 1024),
             output_tokens: (16, 512),
@@ -73,6 +77,7 @@ impl ChatConfig {
             conversations: 3000,
             system_prompts: 8,
             system_prompt_blocks: (1, 4),
+            context_tokens: (0, 0),
             turns: (3, 12),
             user_tokens: (64, 2048),
             output_tokens: (16, 256),
@@ -94,11 +99,35 @@ impl ChatConfig {
             conversations: 2000,
             system_prompts: 64,
             system_prompt_blocks: (4, 16),
+            context_tokens: (0, 0),
             turns: (1, 1),
             user_tokens: (4096, 32768),
             output_tokens: (16, 256),
             mean_interarrival_ms: 1000.0,
             turn_gap_ms: (0, 0),
+        }
+    }
+
+    /// Agent sessions returning to a long context: 400 sessions starting
+    /// every 5 seconds on average, each over one of 4 tool-definition system
+    /// prompts of 4,096 to 8,192 tokens and a private context (a repository,
+    /// a document set) of 8,192 to 32,768 tokens. A session runs 5 to 60
+    /// steps, 2 to 60 seconds apart (the tools run in between); each step
+    /// resends the whole session plus a tool result of 256 to 4,096 tokens
+    /// and gets back a call of 64 to 512. Some 100 sessions are live at once,
+    /// about 6 million tokens: far more than a cache of 16,384 blocks holds,
+    /// so every session comes back after the cache has turned over.
+    pub fn agents() -> Self {
+        Self {
+            conversations: 400,
+            system_prompts: 4,
+            system_prompt_blocks: (8, 16),
+            context_tokens: (8192, 32768),
+            turns: (5, 60),
+            user_tokens: (256, 4096),
+            output_tokens: (64, 512),
+            mean_interarrival_ms: 5000.0,
+            turn_gap_ms: (2_000, 60_000),
         }
     }
 }
@@ -123,18 +152,25 @@ impl History {
 impl ChatConfig {
     /// Generates the workload for `seed`, in arrival order.
     pub fn generate(&self, seed: u64) -> Trace {
-        let mut rng = SplitMix64::new(seed);
-        let mut next_id = 0u64;
+        generate_mix(std::slice::from_ref(self), seed)
+    }
+
+    /// Appends this population's requests, numbering new blocks from `next_id`.
+    fn generate_into(
+        &self,
+        rng: &mut SplitMix64,
+        next_id: &mut u64,
+        requests: &mut Vec<TraceRequest>,
+    ) {
         let systems: Vec<Vec<u64>> = (0..self.system_prompts.max(1))
             .map(|_| {
                 let (lo, hi) = self.system_prompt_blocks;
                 let n = rng.range(lo, hi);
-                let ids = (next_id..next_id + n).collect();
-                next_id += n;
+                let ids = (*next_id..*next_id + n).collect();
+                *next_id += n;
                 ids
             })
             .collect();
-        let mut requests = Vec::new();
         let mut start_ms = 0.0f64;
         for _ in 0..self.conversations {
             start_ms += rng.exponential(self.mean_interarrival_ms);
@@ -143,13 +179,17 @@ impl ChatConfig {
                 len: system.len() * HASH_BLOCK_TOKENS,
                 hash_ids: system.clone(),
             };
+            if self.context_tokens != (0, 0) {
+                let context = rng.range(self.context_tokens.0, self.context_tokens.1);
+                history.extend(context as usize, next_id);
+            }
             let mut arrival = start_ms.round() as u64;
             for turn in 0..rng.range(self.turns.0, self.turns.1) {
                 if turn > 0 {
                     arrival += rng.range(self.turn_gap_ms.0, self.turn_gap_ms.1);
                 }
                 let user = rng.range(self.user_tokens.0, self.user_tokens.1) as usize;
-                history.extend(user, &mut next_id);
+                history.extend(user, next_id);
                 let output = rng.range(self.output_tokens.0, self.output_tokens.1) as usize;
                 requests.push(TraceRequest {
                     timestamp: arrival,
@@ -157,14 +197,27 @@ impl ChatConfig {
                     output_length: output,
                     hash_ids: history.hash_ids.clone(),
                 });
-                history.extend(output, &mut next_id);
+                history.extend(output, next_id);
             }
         }
-        requests.sort_by_key(|r| r.timestamp);
-        Trace {
-            requests,
-            skipped: Vec::new(),
-        }
+    }
+}
+
+/// Generates several populations served by one deployment at once (agents
+/// under a flood of one-off prompts, say), merged in arrival order. Each
+/// population draws from its own stream of `seed` and has blocks of its own.
+pub fn generate_mix(populations: &[ChatConfig], seed: u64) -> Trace {
+    let mut next_id = 0u64;
+    let mut requests = Vec::new();
+    for (i, population) in populations.iter().enumerate() {
+        // The first population keeps the seed's own stream.
+        let stream = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        population.generate_into(&mut SplitMix64::new(stream), &mut next_id, &mut requests);
+    }
+    requests.sort_by_key(|r| r.timestamp);
+    Trace {
+        requests,
+        skipped: Vec::new(),
     }
 }
 
@@ -230,5 +283,78 @@ mod tests {
         let t = cfg.generate(5);
         let first = t.requests[0].hash_ids[0];
         assert!(t.requests.iter().all(|r| r.hash_ids[0] == first));
+    }
+
+    #[test]
+    fn a_private_context_opens_only_the_first_turn() {
+        let cfg = ChatConfig {
+            conversations: 1,
+            system_prompts: 1,
+            system_prompt_blocks: (2, 2),
+            context_tokens: (5000, 5000),
+            turns: (3, 3),
+            user_tokens: (100, 100),
+            output_tokens: (10, 10),
+            ..ChatConfig::default()
+        };
+        let lengths: Vec<usize> = cfg
+            .generate(4)
+            .requests
+            .iter()
+            .map(|r| r.input_length)
+            .collect();
+        assert_eq!(
+            lengths,
+            [1024 + 5000 + 100, 6124 + 10 + 100, 6234 + 10 + 100]
+        );
+    }
+
+    #[test]
+    fn a_mix_is_its_populations_with_blocks_of_their_own() {
+        let chat = small();
+        let flood = ChatConfig {
+            conversations: 30,
+            ..ChatConfig::prompt_flood()
+        };
+        let seed = 11;
+        let alone = [
+            chat.generate(seed),
+            generate_mix(std::slice::from_ref(&flood), seed ^ 0x9E37_79B9_7F4A_7C15),
+        ];
+        let populations = [chat, flood];
+        let mix = generate_mix(&populations, seed);
+        assert_eq!(
+            mix,
+            generate_mix(&populations, seed),
+            "the seed names the mix"
+        );
+        assert!(mix
+            .requests
+            .windows(2)
+            .all(|w| w[0].timestamp <= w[1].timestamp));
+        // The chat's blocks come first; the flood's are numbered after them.
+        let chat_ids = 1 + alone[0]
+            .requests
+            .iter()
+            .flat_map(|r| r.hash_ids.iter())
+            .max()
+            .unwrap();
+        let shape = |r: &TraceRequest| (r.timestamp, r.input_length, r.output_length);
+        for (population, own) in alone.iter().enumerate() {
+            let mut expected: Vec<_> = own.requests.iter().map(shape).collect();
+            let mut got: Vec<_> = mix
+                .requests
+                .iter()
+                .filter(|r| (r.hash_ids[0] >= chat_ids) == (population == 1))
+                .inspect(|r| {
+                    let ours = |&id: &u64| (id >= chat_ids) == (population == 1);
+                    assert!(r.hash_ids.iter().all(ours), "a request mixes populations");
+                })
+                .map(shape)
+                .collect();
+            expected.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, expected, "population {population}");
+        }
     }
 }

@@ -34,7 +34,7 @@ pub mod units;
 
 pub use belady::belady;
 pub use cache_model::{cache_only, CacheModelReport};
-pub use chat::ChatConfig;
+pub use chat::{generate_mix, ChatConfig};
 pub use engine::{simulate, SimConfig, SimRemoteTier};
 pub use keys::BlockKeys;
 pub use report::{Distribution, ManagerCost, SimReport};

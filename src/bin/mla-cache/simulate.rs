@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use mla_cache::sim::SimRemoteTier;
 use mla_cache::sim::{
-    simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
+    generate_mix, simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
@@ -27,6 +27,12 @@ pub enum Workload {
     ChatLongThink,
     /// Generated flood of one-off documents behind 64 shared system prompts.
     PromptFlood,
+    /// Generated agent sessions returning to long private contexts every 2
+    /// to 60 seconds.
+    Agents,
+    /// The chat-long-think conversations served beside the prompt-flood
+    /// one-off documents, on one deployment.
+    ChatUnderFlood,
 }
 
 /// Options of `mla-cache simulate`.
@@ -130,21 +136,27 @@ impl SimulateArgs {
                 ("mooncake synthetic trace".to_string(), trace)
             }
             (None, generated) => {
-                let (label, preset) = match generated {
-                    Workload::ChatLongThink => ("chat-long-think", ChatConfig::long_think()),
-                    Workload::PromptFlood => ("prompt-flood", ChatConfig::prompt_flood()),
-                    _ => ("chat", ChatConfig::default()),
+                let (label, preset, background) = match generated {
+                    Workload::ChatLongThink => ("chat-long-think", ChatConfig::long_think(), None),
+                    Workload::PromptFlood => ("prompt-flood", ChatConfig::prompt_flood(), None),
+                    Workload::Agents => ("agents", ChatConfig::agents(), None),
+                    Workload::ChatUnderFlood => (
+                        "chat-under-flood",
+                        ChatConfig::long_think(),
+                        Some(ChatConfig::prompt_flood()),
+                    ),
+                    _ => ("chat", ChatConfig::default(), None),
                 };
+                // --conversations sizes the first population; a background keeps its own.
                 let config = ChatConfig {
                     conversations: self.conversations.unwrap_or(preset.conversations),
                     ..preset
                 };
+                let conversations = config.conversations;
+                let populations: Vec<ChatConfig> = [config].into_iter().chain(background).collect();
                 (
-                    format!(
-                        "{label}, {} conversations, seed {}",
-                        config.conversations, self.seed
-                    ),
-                    config.generate(self.seed),
+                    format!("{label}, {conversations} conversations, seed {}", self.seed),
+                    generate_mix(&populations, self.seed),
                 )
             }
         };
