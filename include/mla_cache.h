@@ -166,6 +166,14 @@ typedef enum MlaEvictionPolicyKind {
      * Adaptive replacement: blocks seen once vs reused, with ghost lists.
      */
     MLA_EVICTION_POLICY_KIND_ARC = 1,
+    /**
+     * Residency: requests that mostly hit keep their new blocks, others' go first.
+     */
+    MLA_EVICTION_POLICY_KIND_RESIDENCY = 2,
+    /**
+     * ARC or residency, whichever hits more on sampled shadow caches.
+     */
+    MLA_EVICTION_POLICY_KIND_ADAPTIVE = 3,
 } MlaEvictionPolicyKind;
 
 /**

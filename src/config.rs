@@ -97,17 +97,32 @@ pub enum EvictionPolicyKind {
     /// Adaptive replacement (ARC): blocks seen once are evicted before reused
     /// ones, with a split learned online from ghost lists of evicted hashes.
     Arc = 1,
+    /// Residency: requests that find at least half their prompt cached keep
+    /// their new blocks; other requests' blocks are evicted first, except one
+    /// request in 32. Keeps a stable share of sessions that all return later
+    /// than the cache turns over; loses to LRU on traffic without such loops.
+    Residency = 2,
+    /// `arc` or `residency`, whichever hits more on two small shadow caches
+    /// of sampled blocks, chosen online.
+    Adaptive = 3,
 }
 
 impl EvictionPolicyKind {
     /// Every policy.
-    pub const ALL: [EvictionPolicyKind; 2] = [EvictionPolicyKind::Lru, EvictionPolicyKind::Arc];
+    pub const ALL: [EvictionPolicyKind; 4] = [
+        EvictionPolicyKind::Lru,
+        EvictionPolicyKind::Arc,
+        EvictionPolicyKind::Residency,
+        EvictionPolicyKind::Adaptive,
+    ];
 
     /// The policy's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
         match self {
             EvictionPolicyKind::Lru => "lru",
             EvictionPolicyKind::Arc => "arc",
+            EvictionPolicyKind::Residency => "residency",
+            EvictionPolicyKind::Adaptive => "adaptive",
         }
     }
 }

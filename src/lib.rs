@@ -64,7 +64,7 @@ pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};
 pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager, PrefixMatch};
-pub use policy::EvictionPolicy;
+pub use policy::{EvictionPolicy, Retention};
 pub use stats::CacheStats;
 
 /// Index of a physical block, `0..num_blocks`, the same in every layer.

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, ExtraKeys, Hasher, KeyDigest};
 use crate::index::PrefixIndex;
-use crate::policy::{self, EvictionPolicy, IdList};
+use crate::policy::{self, EvictionPolicy, IdList, Retention};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
 use crate::{BlockId, RequestId, TokenId};
@@ -130,6 +130,8 @@ struct Request {
     hashes: Vec<BlockHash>,
     num_computed: usize,
     chunked: bool,
+    /// How the blocks it stores are kept, as the policy decided at admission.
+    retention: Retention,
     keys: Arc<KeyDigest>,
 }
 
@@ -293,6 +295,7 @@ impl BlockManager {
             });
         }
 
+        let retention = st.policy.on_request(&hashes, hits.len());
         let mut blocks = Vec::with_capacity(needed);
         for &b in &hits {
             st.acquire(b);
@@ -320,6 +323,7 @@ impl BlockManager {
                 tokens.len()
             },
             chunked: opts.chunked_prefill,
+            retention,
             keys: Arc::new(keys),
         };
         // The precomputed chain is kept only up to what is hashed and indexed below.
@@ -860,7 +864,7 @@ impl BlockManager {
             {
                 st.blocks[b as usize].hash = Some(hash);
                 st.blocks[b as usize].shard = shard;
-                st.policy.on_store(b, hash);
+                st.policy.on_store(b, hash, request.retention);
                 st.stats.blocks_stored += 1;
                 if self.config.enable_events {
                     stored_from.get_or_insert(i);

@@ -6,8 +6,9 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`CacheConfig`: geometry, storage format and cache policy, with model
   presets (``CacheConfig.preset("deepseek-v3", num_blocks=..., dtype=...)``).
 - :class:`BlockManager`: block allocation, prefix sharing by chained block
-  hashes, copy-on-write for forked requests, pinning and LRU eviction;
-  thread-safe.
+  hashes, copy-on-write for forked requests, pinning, and eviction by LRU
+  (the default), ARC, residency or ``"adaptive"`` (ARC or residency, chosen
+  online); thread-safe.
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in
   ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
   block copies, and zero-copy access (numpy views, DLPack, raw pointers).

@@ -102,7 +102,7 @@ class CacheConfig:
         """Whether full blocks are shared between requests by prefix hash."""
     @property
     def eviction(self) -> str:
-        """Eviction policy name (``"lru"``)."""
+        """Eviction policy name: ``"lru"``, ``"arc"``, ``"residency"`` or ``"adaptive"``."""
     @property
     def hash_seed(self) -> Optional[int]:
         """Seed of the block hash chain (``None``: random per manager)."""

@@ -393,3 +393,23 @@ def test_evict_and_evictable_blocks(manager):
     with pytest.raises((OverflowError, ValueError)):
         manager.evict(-1)
     manager._check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "residency", "adaptive"])
+def test_every_eviction_policy_keeps_a_reused_prefix_through_one_offs(policy):
+    config = mla_cache.CacheConfig(num_blocks=8, block_size=BS, eviction=policy, hash_seed=3)
+    assert config.eviction == policy
+    manager = BlockManager(config)
+    # A 3-block prefix used twice (a hit the second time), then one-off prompts
+    # that need the rest of the cache: every policy evicts within the free
+    # blocks, never a block in use, and counts what it evicts.
+    for rid in (1, 2):
+        manager.admit(rid, toks(0, 13))
+        manager.free(rid)
+    assert manager.stats()["prefix_hit_tokens"] == 12
+    for rid in range(3, 9):
+        manager.admit(rid, toks(1000 * rid, 1000 * rid + 17))
+        assert len(manager.block_table(rid)) == 5
+        manager.free(rid)
+    s = manager.stats()
+    assert s["evictions"] > 0 and s["free_blocks"] == 8

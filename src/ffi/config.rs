@@ -59,6 +59,10 @@ pub enum MlaEvictionPolicyKind {
     Lru = 0,
     /// Adaptive replacement: blocks seen once vs reused, with ghost lists.
     Arc = 1,
+    /// Residency: requests that mostly hit keep their new blocks, others' go first.
+    Residency = 2,
+    /// ARC or residency, whichever hits more on sampled shadow caches.
+    Adaptive = 3,
 }
 
 impl From<EvictionPolicyKind> for MlaEvictionPolicyKind {
@@ -66,6 +70,8 @@ impl From<EvictionPolicyKind> for MlaEvictionPolicyKind {
         match p {
             EvictionPolicyKind::Lru => MlaEvictionPolicyKind::Lru,
             EvictionPolicyKind::Arc => MlaEvictionPolicyKind::Arc,
+            EvictionPolicyKind::Residency => MlaEvictionPolicyKind::Residency,
+            EvictionPolicyKind::Adaptive => MlaEvictionPolicyKind::Adaptive,
         }
     }
 }

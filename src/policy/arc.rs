@@ -1,5 +1,6 @@
 //! ARC (Megiddo and Modha, FAST'03) over the evictable set: blocks used once
-//! against blocks reused, with ghost lists that move the split between them.
+//! against blocks reused, with ghost lists that move the split between them;
+//! and, over the same lists, a residency rule for traffic that loops.
 //!
 //! ```text
 //!            stored, not hit since              hit since stored, or stored again
@@ -22,6 +23,29 @@
 //! costs more is learned online from the ghost hits, as in ARC: there is no
 //! tuning knob.
 //!
+//! Where ARC fails: sessions that all come back, but later than the cache
+//! turns over (agents resending a long context every few seconds, chats whose
+//! users think for minutes). Every returning block comes back from a ghost
+//! list, so everything is "reused" and `reused` churns like LRU: each session
+//! pushes out the one that returns next, and nothing hits. The optimum keeps
+//! a stable share of the sessions instead. [`Rule::Residency`] does that:
+//!
+//! ```text
+//!   a request whose prompt was at least half cached (a resident session):
+//!       its new blocks are kept (`reused`)
+//!   any other request (a session coming back cold, a one-off):
+//!       its new blocks go on probation (`once`), evicted before anything kept,
+//!       except every 32nd such request, admitted as kept
+//!   hits still promote; `target` is 0 (probation goes first)
+//! ```
+//!
+//! Residents keep hitting and keep their blocks, including the new ones each
+//! step adds; a cold request turns over in the probation list without
+//! displacing them; the 1-in-32 admissions (BIP's rate, Qureshi et al.,
+//! ISCA'07) renew the residents, pushing out those that stopped coming first.
+//! On traffic with no loop (the Mooncake trace), residency loses to LRU;
+//! [`super::Duel`] runs both rules on shadow caches and follows the better.
+//!
 //! Both lists keep the manager's tail-first release order, so within a list
 //! a chain's deepest blocks go before its root.
 //!
@@ -34,7 +58,7 @@
 //! KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
-use super::{EvictionPolicy, IdList};
+use super::{EvictionPolicy, IdList, Retention};
 use crate::hash::BlockHash;
 use crate::BlockId;
 
@@ -42,6 +66,9 @@ use crate::BlockId;
 /// ARC's directory is twice the cache; a prompt cache's reuse comes back
 /// later (a user's next turn), so each list here remembers two cache-fulls.
 const GHOSTS_PER_BLOCK: usize = 2;
+
+/// Under [`Rule::Residency`], one cold request in this many keeps its blocks.
+const COLD_ADMISSION_PERIOD: u64 = 32;
 
 /// Ghost list of blocks evicted while seen once.
 const ONCE: usize = 0;
@@ -53,13 +80,25 @@ const REUSED: usize = 1;
 enum Class {
     /// Not in the prefix index.
     Uncached,
-    /// Stored, never hit since.
+    /// Stored, never hit since (under residency: stored on probation).
     Once,
-    /// Hit since it was stored, or stored again soon after an eviction.
+    /// Hit since it was stored, or stored again soon after an eviction
+    /// (under residency: stored by a resident request).
     Reused,
 }
 
-/// ARC over the evictable set (see the module docs).
+/// Which rule classifies new blocks and splits the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// ARC: new blocks are seen once unless they return from a ghost list;
+    /// the split is learned from ghost hits.
+    Arc,
+    /// New blocks follow their request's [`Retention`]; probation goes first.
+    Residency,
+}
+
+/// ARC over the evictable set, or residency over the same lists (see the
+/// module docs).
 #[derive(Debug)]
 pub(crate) struct AdaptiveReplacement {
     once: IdList,
@@ -72,12 +111,16 @@ pub(crate) struct AdaptiveReplacement {
     /// List 0: evicted while seen once; list 1: evicted while reused.
     ghosts: GhostLists,
     /// How many cached blocks may be seen-once before `once` is evicted first.
+    /// Learned under both rules, used under ARC's.
     target: usize,
     capacity: usize,
+    rule: Rule,
+    /// Requests admitted with less than half their prompt cached.
+    cold_requests: u64,
 }
 
 impl AdaptiveReplacement {
-    pub(crate) fn new(num_blocks: usize) -> Self {
+    pub(crate) fn new(num_blocks: usize, rule: Rule) -> Self {
         Self {
             once: IdList::new(num_blocks),
             reused: IdList::new(num_blocks),
@@ -88,7 +131,20 @@ impl AdaptiveReplacement {
             ghosts: GhostLists::new(GHOSTS_PER_BLOCK * num_blocks),
             target: 0,
             capacity: num_blocks,
+            rule,
+            cold_requests: 0,
         }
+    }
+
+    /// The rule in force.
+    #[cfg(test)]
+    pub(crate) fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    /// Switches rules; the lists stay as they are.
+    pub(crate) fn set_rule(&mut self, rule: Rule) {
+        self.rule = rule;
     }
 
     fn set_class(&mut self, block: BlockId, class: Class) {
@@ -105,30 +161,60 @@ impl AdaptiveReplacement {
         }
         *slot = class;
     }
+
+    /// Whether the next victim comes from `once`.
+    fn evicts_once(&self) -> bool {
+        let target = match self.rule {
+            Rule::Arc => self.target,
+            Rule::Residency => 0,
+        };
+        !self.once.is_empty() && (self.cached_once > target || self.reused.is_empty())
+    }
 }
 
 impl EvictionPolicy for AdaptiveReplacement {
     fn name(&self) -> &'static str {
-        "arc"
+        match self.rule {
+            Rule::Arc => "arc",
+            Rule::Residency => "residency",
+        }
     }
 
-    fn on_store(&mut self, block: BlockId, hash: BlockHash) {
+    fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
+        // Counted under both rules, so a switch finds the count going.
+        if 2 * hit >= hashes.len() {
+            return Retention::Keep;
+        }
+        self.cold_requests += 1;
+        if self.cold_requests % COLD_ADMISSION_PERIOD == 0 {
+            Retention::Keep
+        } else {
+            Retention::Probation
+        }
+    }
+
+    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
         debug_assert_eq!(self.class[block as usize], Class::Uncached);
         let fp = fingerprint(hash);
         self.fingerprint[block as usize] = fp;
         let (b1, b2) = (self.ghosts.len(ONCE), self.ghosts.len(REUSED));
-        let class = match self.ghosts.take(fp) {
+        let returned = match self.ghosts.take(fp) {
             Some(ONCE) => {
                 // Evicted as seen-once, yet it came back: keep new blocks longer.
                 self.target = (self.target + (b2 / b1).max(1)).min(self.capacity);
-                Class::Reused
+                true
             }
             Some(_) => {
                 // A reused block came back: protect reused blocks more.
                 self.target = self.target.saturating_sub((b1 / b2).max(1));
-                Class::Reused
+                true
             }
-            None => Class::Once,
+            None => false,
+        };
+        let class = match (self.rule, retention) {
+            (Rule::Arc, _) if returned => Class::Reused,
+            (Rule::Arc, _) | (Rule::Residency, Retention::Probation) => Class::Once,
+            (Rule::Residency, Retention::Keep) => Class::Reused,
         };
         self.set_class(block, class);
     }
@@ -150,8 +236,7 @@ impl EvictionPolicy for AdaptiveReplacement {
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let from_once =
-            !self.once.is_empty() && (self.cached_once > self.target || self.reused.is_empty());
+        let from_once = self.evicts_once();
         let block = if from_once {
             self.once.pop_front()
         } else {
@@ -191,15 +276,15 @@ mod tests {
 
     /// Stores `block` under `hash` and releases it at once.
     fn store_free(p: &mut AdaptiveReplacement, block: BlockId, hash: u128) {
-        p.on_store(block, h(hash));
+        p.on_store(block, h(hash), Retention::Keep);
         p.insert(block);
     }
 
     #[test]
     fn blocks_seen_once_go_before_reused_ones() {
-        let mut p = AdaptiveReplacement::new(4);
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
         for b in 0..3 {
-            p.on_store(b, h(b as u128));
+            p.on_store(b, h(b as u128), Retention::Keep);
         }
         p.on_hit(1);
         for b in (0..3).rev() {
@@ -215,7 +300,7 @@ mod tests {
 
     #[test]
     fn a_revived_block_is_reused_and_outlives_newer_one_offs() {
-        let mut p = AdaptiveReplacement::new(4);
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         p.remove(0); // a request hits block 0 ...
@@ -229,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_seen_once_block_coming_back_grows_the_target() {
-        let mut p = AdaptiveReplacement::new(4);
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         assert_eq!(p.evict(), Some(0)); // hash 10 goes to the once ghosts
@@ -244,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_coming_back_shrinks_the_target() {
-        let mut p = AdaptiveReplacement::new(4);
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         assert_eq!(p.evict(), Some(0));
         store_free(&mut p, 0, 10); // once ghost hit: target 1, block 0 reused
@@ -257,9 +342,9 @@ mod tests {
 
     #[test]
     fn a_dropped_block_is_forgotten_without_a_ghost() {
-        let mut p = AdaptiveReplacement::new(4);
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
-        p.on_store(1, h(11)); // in use
+        p.on_store(1, h(11), Retention::Keep); // in use
         p.remove(0);
         p.forget(0);
         p.forget(1);
@@ -274,16 +359,83 @@ mod tests {
         assert_eq!(p.evict(), Some(0));
     }
 
+    fn hashes(n: u128) -> Vec<BlockHash> {
+        (0..n).map(h).collect()
+    }
+
+    #[test]
+    fn residency_evicts_probation_first_and_keeps_resident_requests_blocks() {
+        let mut p = AdaptiveReplacement::new(8, Rule::Residency);
+        // A request that found 3 of its 4 blocks cached is a resident's: keep.
+        let kept = p.on_request(&hashes(4), 3);
+        assert_eq!(kept, Retention::Keep);
+        p.on_store(0, h(10), kept);
+        p.on_store(1, h(11), kept);
+        // A cold one (1 of 4): its blocks go on probation.
+        let cold = p.on_request(&hashes(4), 1);
+        assert_eq!(cold, Retention::Probation);
+        p.on_store(2, h(12), cold);
+        p.on_store(3, h(13), cold);
+        for b in [1, 0, 3, 2] {
+            p.insert(b); // each request's blocks released tail first
+        }
+        // The probation blocks go first although they were freed last.
+        assert_eq!(
+            std::iter::from_fn(|| p.evict()).collect::<Vec<_>>(),
+            [3, 2, 1, 0]
+        );
+    }
+
+    #[test]
+    fn residency_admits_one_cold_request_in_32() {
+        let mut p = AdaptiveReplacement::new(8, Rule::Residency);
+        let kept: Vec<usize> = (1..=96)
+            .filter(|_| p.on_request(&hashes(10), 2) == Retention::Keep)
+            .collect();
+        assert_eq!(kept.len(), 3);
+        // Half the prompt cached is enough, and does not count as cold.
+        assert_eq!(p.on_request(&hashes(10), 5), Retention::Keep);
+        assert_eq!(p.on_request(&hashes(0), 0), Retention::Keep);
+    }
+
+    #[test]
+    fn residency_ignores_ghost_returns_but_promotes_hits() {
+        let mut p = AdaptiveReplacement::new(4, Rule::Residency);
+        p.on_store(0, h(10), Retention::Probation);
+        p.insert(0);
+        assert_eq!(p.evict(), Some(0)); // hash 10 enters the once ghosts
+                                        // Under ARC its return would make it reused; a cold session coming
+                                        // back after the cache turned over stays on probation here.
+        p.on_store(0, h(10), Retention::Probation);
+        assert_eq!(p.class[0], Class::Once);
+        assert_eq!(p.target, 1, "the target is still learned");
+        p.on_hit(0);
+        assert_eq!(p.class[0], Class::Reused);
+    }
+
+    #[test]
+    fn arc_ignores_retention() {
+        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        p.on_store(0, h(10), Retention::Keep);
+        p.on_store(1, h(11), Retention::Probation);
+        assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
+        assert_eq!(p.name(), "arc");
+        p.set_rule(Rule::Residency);
+        assert_eq!((p.name(), p.rule()), ("residency", Rule::Residency));
+    }
+
     proptest! {
         /// ARC's rules hold after any sequence of stores, releases, hits,
         /// drops and evictions: the class counts match the blocks, the target stays in
         /// range, and each victim comes from the list the rule names.
         #[test]
         fn the_rules_hold_on_random_sequences(
-            ops in prop::collection::vec((0..4u8, 0..12u128, any::<usize>()), 1..300)
+            ops in prop::collection::vec((0..4u8, 0..12u128, any::<usize>()), 1..300),
+            residency in any::<bool>(),
         ) {
             const N: usize = 6;
-            let mut p = AdaptiveReplacement::new(N);
+            let rule = if residency { Rule::Residency } else { Rule::Arc };
+            let mut p = AdaptiveReplacement::new(N, rule);
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
             for (what, hash, pick) in ops {
@@ -292,15 +444,28 @@ mod tests {
                         let b = match free.pop() {
                             Some(b) => b,
                             None => {
+                                let target = if residency { 0 } else { p.target };
                                 let from_once = !p.once.is_empty()
-                                    && (p.cached_once > p.target || p.reused.is_empty());
+                                    && (p.cached_once > target || p.reused.is_empty());
                                 let expected = if from_once { p.once.front() } else { p.reused.front() };
                                 let Some(b) = p.evict() else { continue };
                                 prop_assert_eq!(Some(b), expected);
                                 b
                             }
                         };
-                        p.on_store(b, h(hash));
+                        let retention = if pick % 2 == 0 {
+                            Retention::Keep
+                        } else {
+                            Retention::Probation
+                        };
+                        p.on_store(b, h(hash), retention);
+                        if residency {
+                            let expected = match retention {
+                                Retention::Keep => Class::Reused,
+                                Retention::Probation => Class::Once,
+                            };
+                            prop_assert_eq!(p.class[b as usize], expected);
+                        }
                         held.push(b);
                     }
                     1 if !held.is_empty() => {

@@ -11,11 +11,14 @@
 //! |---|---|---|
 //! | `lru` | [`lru`] | least recently freed first (vLLM) |
 //! | `arc` | [`arc`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
+//! | `residency` | [`arc`] | the same lists; requests that mostly hit keep their new blocks, others' go first |
+//! | `adaptive` | [`duel`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
 //!
 //! The lifecycle of a block, as the policy sees it:
 //!
 //! ```text
-//!   on_store(b, h) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
+//!   on_request(hashes, hit) ──▶ retention r of the request's new blocks
+//!   on_store(b, h, r) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
 //!                        ▲   on_hit(b)            │
 //!                        └──────── remove(b) ◀────┘  (a hit revives it)
 //!
@@ -24,13 +27,15 @@
 //! ```
 
 mod arc;
+mod duel;
 mod ghost;
 mod id_list;
 mod lru;
 
 use std::fmt;
 
-pub(crate) use arc::AdaptiveReplacement;
+pub(crate) use arc::{AdaptiveReplacement, Rule};
+pub(crate) use duel::Duel;
 pub(crate) use id_list::IdList;
 pub(crate) use lru::Lru;
 
@@ -38,11 +43,26 @@ use crate::config::EvictionPolicyKind;
 use crate::hash::BlockHash;
 use crate::BlockId;
 
+/// How the blocks a request stores are kept, as its policy decided when the
+/// request was admitted ([`EvictionPolicy::on_request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Retention {
+    /// Kept like any stored block, by the policy's own rule.
+    #[default]
+    Keep,
+    /// On probation: evicted before kept blocks unless a later request hits them.
+    Probation,
+}
+
 /// Orders the evictable set: cached blocks that no request holds.
 ///
 /// Contract (the manager's calls, for every policy):
-/// - [`on_store`](Self::on_store)`(b, h)`: block `b` entered the prefix index
-///   under `h`; its contents are new. `b` is in use, never evictable, then.
+/// - [`on_request`](Self::on_request)`(hashes, hit)`: a request was admitted;
+///   `hashes` are its prompt's full blocks, the leading `hit` of them
+///   cached. Its answer is the retention of the blocks the request stores.
+/// - [`on_store`](Self::on_store)`(b, h, r)`: block `b` entered the prefix
+///   index under `h`, stored by a request whose retention is `r`; its
+///   contents are new. `b` is in use, never evictable, then.
 /// - [`insert`](Self::insert)`(b)`: the last holder of a cached block released
 ///   it; it is evictable from now on. Blocks of a request are released tail
 ///   first.
@@ -64,8 +84,14 @@ use crate::BlockId;
 pub trait EvictionPolicy: Send + fmt::Debug {
     /// The policy's name (`lru`, ...).
     fn name(&self) -> &'static str;
-    /// `block` entered the prefix index under `hash` (it is in use).
-    fn on_store(&mut self, _block: BlockId, _hash: BlockHash) {}
+    /// A request was admitted: `hashes` are its prompt's full blocks, the
+    /// leading `hit` of them cached. Returns how the blocks it stores are kept.
+    fn on_request(&mut self, _hashes: &[BlockHash], _hit: usize) -> Retention {
+        Retention::Keep
+    }
+    /// `block` entered the prefix index under `hash` (it is in use), stored
+    /// by a request whose retention is `retention`.
+    fn on_store(&mut self, _block: BlockId, _hash: BlockHash, _retention: Retention) {}
     /// `block` became evictable (its last holder released it).
     fn insert(&mut self, block: BlockId);
     /// `block` left the evictable set without being evicted (a hit revived it).
@@ -89,7 +115,11 @@ pub trait EvictionPolicy: Send + fmt::Debug {
 pub(crate) fn build(kind: EvictionPolicyKind, num_blocks: usize) -> Box<dyn EvictionPolicy> {
     match kind {
         EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)),
-        EvictionPolicyKind::Arc => Box::new(AdaptiveReplacement::new(num_blocks)),
+        EvictionPolicyKind::Arc => Box::new(AdaptiveReplacement::new(num_blocks, Rule::Arc)),
+        EvictionPolicyKind::Residency => {
+            Box::new(AdaptiveReplacement::new(num_blocks, Rule::Residency))
+        }
+        EvictionPolicyKind::Adaptive => Box::new(Duel::new(num_blocks)),
     }
 }
 
@@ -103,6 +133,11 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
+        /// A request arrives with this many full blocks, the first ones cached.
+        Request {
+            hit: u8,
+            len: u8,
+        },
         /// Store a new block (from the never-stored pool or a victim) under this hash.
         Store(u8),
         /// Release a held block (by index into the held ones).
@@ -116,6 +151,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
+            1 => (0..8u8, 0..8u8).prop_map(|(a, b)| Op::Request { hit: a.min(b), len: b }),
             3 => (0..24u8).prop_map(Op::Store),
             3 => any::<usize>().prop_map(Op::Release),
             2 => any::<usize>().prop_map(Op::Hit),
@@ -139,8 +175,14 @@ mod tests {
                 // Held blocks dropped from the index: released to `never`, not to the policy.
                 let mut dropped: BTreeSet<BlockId> = BTreeSet::new();
                 let mut evictable: BTreeSet<BlockId> = BTreeSet::new();
+                let mut retention = Retention::Keep;
                 for op in &ops {
                     match *op {
+                        Op::Request { hit, len } => {
+                            let hashes: Vec<BlockHash> =
+                                (0..u128::from(len)).map(|i| BlockHash(i * 977)).collect();
+                            retention = p.on_request(&hashes, usize::from(hit));
+                        }
                         Op::Store(h) => {
                             let b = match never.pop() {
                                 Some(b) => b,
@@ -152,7 +194,7 @@ mod tests {
                                     None => continue,
                                 },
                             };
-                            p.on_store(b, BlockHash(u128::from(h) * 977));
+                            p.on_store(b, BlockHash(u128::from(h) * 977), retention);
                             held.push(b);
                         }
                         Op::Release(i) if !held.is_empty() => {

@@ -18,7 +18,8 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``kv_lora_rank`` / ``rope_dim``: latent widths (512 / 64 for DeepSeek);
 /// - ``dtype``: ``"bf16"``, ``"fp8_ds_mla"`` or ``"mxfp6"``;
 /// - ``enable_prefix_caching``: share full blocks between requests by hash;
-/// - ``eviction``: order in which cached free blocks are reused (``"lru"``);
+/// - ``eviction``: order in which cached free blocks are reused: ``"lru"``
+///   (vLLM's), ``"arc"``, ``"residency"`` or ``"adaptive"`` (see the README);
 /// - ``hash_seed``: seed of the block hash chain, random when ``None``;
 /// - ``verify_tokens``: compare token ids on every hit (no collision risk);
 /// - ``pin_budget_blocks``: most blocks pinned at once (``None``: half);

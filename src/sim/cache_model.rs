@@ -73,6 +73,7 @@ fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) 
     let mut key_of = vec![NONE; num_blocks];
     let mut unhashed: Vec<u32> = (0..num_blocks as u32).rev().collect();
     let mut held: Vec<u32> = Vec::new();
+    let mut hashes = Vec::new();
     let mut hit_blocks = 0u64;
     for r in keys.requests() {
         let limit = keys.hit_limit(r);
@@ -81,6 +82,9 @@ fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) 
             .take_while(|&&k| block_of[k as usize] != NONE)
             .count();
         hit_blocks += hits as u64;
+        hashes.clear();
+        hashes.extend(r.keys.iter().map(|&k| keys.hash(k)));
+        let retention = policy.on_request(&hashes, hits);
         held.clear();
         for &k in &r.keys[..hits] {
             let b = block_of[k as usize];
@@ -109,7 +113,7 @@ fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) 
             if block_of[k as usize] == NONE {
                 block_of[k as usize] = b;
                 key_of[b as usize] = k;
-                policy.on_store(b, keys.hash(k));
+                policy.on_store(b, keys.hash(k), retention);
             }
         }
         for &b in held.iter().rev() {
@@ -184,10 +188,18 @@ mod tests {
                 assert_eq!(model.hit_tokens, s.prefix_hit_tokens, "{num_blocks} blocks");
             } else {
                 // The manager's policy is sized for one block more (its ghost
-                // lists remember a little longer): close, not equal.
+                // lists remember a little longer): close, not equal. The
+                // adaptive policy samples blocks by hash, and the model's
+                // stand-in hashes are not the manager's: it sees another
+                // sample, and agrees only roughly.
+                let percent = if kind == EvictionPolicyKind::Adaptive {
+                    5
+                } else {
+                    1
+                };
                 let diff = model.hit_tokens.abs_diff(s.prefix_hit_tokens);
                 assert!(
-                    diff * 100 <= s.prefix_query_tokens,
+                    diff * 100 <= s.prefix_query_tokens * percent,
                     "{kind}, {num_blocks} blocks: {} vs {}",
                     model.hit_tokens,
                     s.prefix_hit_tokens

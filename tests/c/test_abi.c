@@ -130,6 +130,13 @@ static void test_config(void) {
     OK(mla_config_set_pin_budget_blocks(config, false, 0));
     OK(mla_config_get(config, &info));
     CHECK(!info.has_hash_seed && !info.has_pin_budget_blocks);
+    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_ADAPTIVE));
+    OK(mla_config_get(config, &info));
+    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ADAPTIVE);
+    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_RESIDENCY));
+    OK(mla_config_get(config, &info));
+    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_RESIDENCY);
+    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_LRU));
 
     /* Invalid values are refused by the setters that can tell, else on use. */
     EXPECT(mla_config_set_dtype(config, 99), MLA_STATUS_INVALID_CONFIG);

@@ -45,6 +45,8 @@ fn policy_color(policy: Option<EvictionPolicyKind>) -> &'static str {
     match policy {
         Some(EvictionPolicyKind::Lru) => "#8c564b",
         Some(EvictionPolicyKind::Arc) => "#9467bd",
+        Some(EvictionPolicyKind::Residency) => "#17becf",
+        Some(EvictionPolicyKind::Adaptive) => "#ff7f0e",
         None => "#000000",
     }
 }

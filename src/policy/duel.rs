@@ -1,0 +1,348 @@
+//! `adaptive`: ARC or residency, whichever would hit more, judged online on
+//! two small shadow caches of sampled blocks (set dueling, as DIP does for
+//! insertion policies in processor caches, Qureshi et al., ISCA'07).
+//!
+//! ```text
+//!   every request ──▶ its blocks whose hash falls in the sample (1 in `rate`)
+//!                      ├─▶ shadow cache under ARC        (num_blocks / rate blocks)
+//!                      └─▶ shadow cache under residency  (num_blocks / rate blocks)
+//!   the real cache follows the rule whose shadow has more hits (decayed);
+//!   a tie keeps the rule in force
+//! ```
+//!
+//! Sampling by hash (SHARDS, Waldspurger et al., FAST'15) keeps each
+//! sampled block's whole history, so a shadow of `1/rate` of the cache sees
+//! `1/rate` of the traffic with its reuse distances scaled alike. A shadow is
+//! the cache-only model (one request at a time, tail-first release) over the
+//! sampled blocks, with the real rule's own code; a hit is any cached
+//! sampled block (the leading-run condition is not checked: the sample keeps
+//! too few blocks of a chain to tell).
+//!
+//! The rate is the smallest power of two that keeps the shadows within
+//! [`SHADOW_BLOCKS`] blocks, and at least [`MIN_RATE`], so the shadows add
+//! at most 2/16 of the rule's own work per block. Scores halve every
+//! [`DECAY_PER_BLOCK`] sampled accesses per shadow block, so the choice
+//! follows the workload as it changes. Deterministic: the same calls (and
+//! hash seed) give the same choices.
+//!
+//! Memory: two shadows of at most 4,096 blocks, each an
+//! [`AdaptiveReplacement`] and a hash map (about 260 bytes a shadow block):
+//! at most 2.1 MB per cache, 33 bytes per block of a 16,383-block cache.
+
+use rustc_hash::FxHashMap;
+
+use super::arc::{AdaptiveReplacement, Rule};
+use super::{EvictionPolicy, Retention};
+use crate::hash::BlockHash;
+use crate::BlockId;
+
+/// Largest shadow cache, in blocks.
+const SHADOW_BLOCKS: usize = 4096;
+/// Smallest sampling rate: at most 1 block in this many is sampled.
+const MIN_RATE: usize = 16;
+/// Scores halve after this many sampled accesses per shadow block.
+const DECAY_PER_BLOCK: u64 = 64;
+
+/// A cache-only model of the sampled blocks under one rule.
+#[derive(Debug)]
+struct Shadow {
+    policy: AdaptiveReplacement,
+    /// Hash -> shadow block, and back.
+    block_of: FxHashMap<u128, BlockId>,
+    hash_of: Vec<u128>,
+    /// Shadow blocks never used yet.
+    fresh: Vec<BlockId>,
+    /// Blocks the current request holds.
+    held: Vec<BlockId>,
+    /// Hits, halved now and then.
+    score: u64,
+}
+
+impl Shadow {
+    fn new(num_blocks: usize, rule: Rule) -> Self {
+        Self {
+            policy: AdaptiveReplacement::new(num_blocks, rule),
+            block_of: FxHashMap::default(),
+            hash_of: vec![0; num_blocks],
+            fresh: (0..num_blocks as BlockId).rev().collect(),
+            held: Vec::new(),
+            score: 0,
+        }
+    }
+
+    /// Serves one request's sampled blocks: hits, then stores, then releases
+    /// all of them tail first, as the manager does.
+    fn serve(&mut self, hashes: &[BlockHash]) {
+        let hit = hashes
+            .iter()
+            .take_while(|h| self.block_of.contains_key(&h.0))
+            .count();
+        let retention = self.policy.on_request(hashes, hit);
+        self.held.clear();
+        for h in hashes {
+            if let Some(&b) = self.block_of.get(&h.0) {
+                if !self.held.contains(&b) {
+                    self.policy.remove(b);
+                    self.policy.on_hit(b);
+                    self.score += 1;
+                    self.held.push(b);
+                }
+                continue;
+            }
+            let b = match self.fresh.pop() {
+                Some(b) => b,
+                None => match self.policy.evict() {
+                    Some(b) => {
+                        self.block_of.remove(&self.hash_of[b as usize]);
+                        b
+                    }
+                    // The request holds every shadow block: the rest stays out.
+                    None => break,
+                },
+            };
+            self.block_of.insert(h.0, b);
+            self.hash_of[b as usize] = h.0;
+            self.policy.on_store(b, *h, retention);
+            self.held.push(b);
+        }
+        for &b in self.held.iter().rev() {
+            self.policy.insert(b);
+        }
+    }
+}
+
+/// The real cache under whichever rule wins on the shadows (see the module
+/// docs).
+#[derive(Debug)]
+pub(crate) struct Duel {
+    real: AdaptiveReplacement,
+    /// Under ARC, under residency.
+    shadows: [Shadow; 2],
+    /// A block is sampled when `hash >> 64` is 0 modulo the rate (a power of two).
+    sample_mask: u64,
+    sampled: Vec<BlockHash>,
+    /// Sampled accesses since the scores last halved, and how many halve them.
+    accesses: u64,
+    decay_after: u64,
+}
+
+impl Duel {
+    pub(crate) fn new(num_blocks: usize) -> Self {
+        let rate = (num_blocks / SHADOW_BLOCKS)
+            .max(MIN_RATE)
+            .next_power_of_two();
+        let shadow_blocks = (num_blocks / rate).max(1);
+        Self {
+            real: AdaptiveReplacement::new(num_blocks, Rule::Arc),
+            shadows: [
+                Shadow::new(shadow_blocks, Rule::Arc),
+                Shadow::new(shadow_blocks, Rule::Residency),
+            ],
+            sample_mask: rate as u64 - 1,
+            sampled: Vec::new(),
+            accesses: 0,
+            decay_after: DECAY_PER_BLOCK * shadow_blocks as u64,
+        }
+    }
+
+    /// The rule the real cache follows now.
+    #[cfg(test)]
+    fn rule(&self) -> Rule {
+        self.real.rule()
+    }
+}
+
+impl EvictionPolicy for Duel {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
+        let mask = self.sample_mask;
+        self.sampled.clear();
+        self.sampled
+            .extend(hashes.iter().filter(|h| (h.0 >> 64) as u64 & mask == 0));
+        if !self.sampled.is_empty() {
+            for shadow in &mut self.shadows {
+                shadow.serve(&self.sampled);
+            }
+            self.accesses += self.sampled.len() as u64;
+            if self.accesses >= self.decay_after {
+                self.accesses = 0;
+                for shadow in &mut self.shadows {
+                    shadow.score /= 2;
+                }
+            }
+            let [arc, residency] = [self.shadows[0].score, self.shadows[1].score];
+            if arc != residency {
+                self.real.set_rule(if arc > residency {
+                    Rule::Arc
+                } else {
+                    Rule::Residency
+                });
+            }
+        }
+        self.real.on_request(hashes, hit)
+    }
+
+    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
+        self.real.on_store(block, hash, retention);
+    }
+
+    fn insert(&mut self, block: BlockId) {
+        self.real.insert(block);
+    }
+
+    fn remove(&mut self, block: BlockId) {
+        self.real.remove(block);
+    }
+
+    fn evict(&mut self) -> Option<BlockId> {
+        self.real.evict()
+    }
+
+    fn on_hit(&mut self, block: BlockId) {
+        self.real.on_hit(block);
+    }
+
+    fn forget(&mut self, block: BlockId) {
+        self.real.forget(block);
+    }
+
+    fn len(&self) -> usize {
+        self.real.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A well-mixed 128-bit hash of block `i` of session `s`.
+    fn hash(s: u64, i: u64) -> BlockHash {
+        let mut x = s.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        BlockHash((u128::from(x ^ (x >> 29)) << 64) | u128::from(x))
+    }
+
+    /// Serves `prompt` through `p` as the cache-only model does, with a
+    /// cache of `cached` (hash -> block) and `free` blocks; returns the hits.
+    fn serve(
+        p: &mut Duel,
+        prompt: &[BlockHash],
+        cached: &mut FxHashMap<u128, BlockId>,
+        hash_of: &mut FxHashMap<BlockId, u128>,
+        free: &mut Vec<BlockId>,
+    ) -> usize {
+        let hit = prompt
+            .iter()
+            .take_while(|h| cached.contains_key(&h.0))
+            .count();
+        let retention = p.on_request(prompt, hit);
+        let mut held = Vec::new();
+        for h in &prompt[..hit] {
+            let b = cached[&h.0];
+            p.remove(b);
+            p.on_hit(b);
+            held.push(b);
+        }
+        for h in &prompt[hit..] {
+            if cached.contains_key(&h.0) {
+                continue; // cached past a miss: left where it is
+            }
+            let b = free.pop().or_else(|| p.evict()).expect("a victim");
+            if let Some(old) = hash_of.insert(b, h.0) {
+                cached.remove(&old);
+            }
+            cached.insert(h.0, b);
+            p.on_store(b, *h, retention);
+            held.push(b);
+        }
+        for &b in held.iter().rev() {
+            p.insert(b);
+        }
+        hit
+    }
+
+    #[test]
+    fn sessions_looping_through_more_than_the_cache_switch_to_residency() {
+        // 1,024 blocks (shadows of 64, 1 block in 16 sampled); 40 sessions
+        // of 64 blocks resent round robin: 2.5 cache-fulls, so ARC and LRU
+        // keep nothing until a session comes back.
+        let mut p = Duel::new(1024);
+        assert_eq!((p.sample_mask, p.rule()), (15, Rule::Arc));
+        let (mut cached, mut hash_of) = (FxHashMap::default(), FxHashMap::default());
+        let mut free: Vec<BlockId> = (0..1024).collect();
+        let sessions: Vec<Vec<BlockHash>> = (0..40)
+            .map(|s| (0..64).map(|i| hash(s, i)).collect())
+            .collect();
+        let mut hits = Vec::new();
+        for round in 0..30 {
+            let mut round_hits = 0;
+            for prompt in &sessions {
+                round_hits += serve(&mut p, prompt, &mut cached, &mut hash_of, &mut free);
+            }
+            hits.push(round_hits);
+            if round == 0 {
+                assert_eq!(round_hits, 0);
+            }
+        }
+        assert_eq!(p.rule(), Rule::Residency);
+        assert!(p.shadows[1].score > p.shadows[0].score);
+        // Residents hit every round now: a stable share of the sessions.
+        assert!(hits[20..].iter().all(|&h| h >= 5 * 64), "{hits:?}");
+    }
+
+    #[test]
+    fn the_real_cache_follows_the_shadow_that_hits_more() {
+        let mut p = Duel::new(1024);
+        let sampled = (0..)
+            .map(|i| hash(7, i))
+            .find(|h| (h.0 >> 64) as u64 & p.sample_mask == 0)
+            .unwrap();
+        p.shadows[1].score = 10;
+        p.on_request(&[sampled], 0);
+        assert_eq!(p.rule(), Rule::Residency);
+        // A tie keeps the rule in force; more ARC hits switch back.
+        p.shadows[0].score = p.shadows[1].score;
+        p.on_request(&[sampled], 1);
+        assert_eq!(p.rule(), Rule::Residency);
+        p.shadows[0].score += 5;
+        p.on_request(&[sampled], 1);
+        assert_eq!(p.rule(), Rule::Arc);
+        // Unsampled blocks are not shown to the shadows.
+        let unsampled = (0..)
+            .map(|i| hash(8, i))
+            .find(|h| (h.0 >> 64) as u64 & p.sample_mask != 0)
+            .unwrap();
+        let scores = [p.shadows[0].score, p.shadows[1].score];
+        p.on_request(&[unsampled; 4], 0);
+        assert_eq!([p.shadows[0].score, p.shadows[1].score], scores);
+        assert!(p
+            .shadows
+            .iter()
+            .all(|s| !s.block_of.contains_key(&unsampled.0)));
+    }
+
+    #[test]
+    fn shadows_never_exceed_their_blocks_and_scores_decay() {
+        let mut p = Duel::new(64 * 16); // shadows of 64 blocks
+        let period = p.decay_after;
+        let mut accesses = 0;
+        let mut s = 0;
+        while accesses < 3 * period {
+            // Repeat each prompt once, so every shadow scores.
+            let prompt: Vec<BlockHash> = (0..40).map(|i| hash(s / 2, i)).collect();
+            accesses += prompt
+                .iter()
+                .filter(|h| (h.0 >> 64) as u64 & 15 == 0)
+                .count() as u64;
+            p.on_request(&prompt, 0);
+            s += 1;
+            for shadow in &p.shadows {
+                assert!(shadow.block_of.len() <= 64);
+                assert!(shadow.score <= 2 * period, "{}", shadow.score);
+            }
+        }
+    }
+}
