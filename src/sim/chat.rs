@@ -108,26 +108,28 @@ impl ChatConfig {
         }
     }
 
-    /// Agent sessions returning to a long context: 400 sessions starting
-    /// every 5 seconds on average, each over one of 4 tool-definition system
-    /// prompts of 4,096 to 8,192 tokens and a private context (a repository,
-    /// a document set) of 8,192 to 32,768 tokens. A session runs 5 to 60
-    /// steps, 2 to 60 seconds apart (the tools run in between); each step
-    /// resends the whole session plus a tool result of 256 to 4,096 tokens
-    /// and gets back a call of 64 to 512. Some 100 sessions are live at once,
-    /// about 6 million tokens: far more than a cache of 16,384 blocks holds,
-    /// so every session comes back after the cache has turned over.
+    /// Agent sessions returning to a long context: 300 sessions starting
+    /// every 20 seconds on average, each over one of 4 tool-definition
+    /// system prompts of 4,096 to 8,192 tokens and a private context (a
+    /// repository, a document set) of 8,192 to 32,768 tokens. A session runs
+    /// 5 to 60 steps, 10 to 120 seconds apart (the tools run in between:
+    /// tests, builds, searches); each step resends the whole session plus a
+    /// tool result of 256 to 4,096 tokens and gets back a call of 32 to 128.
+    /// Some 100 sessions are live at once, about 7.5 million tokens (a prompt
+    /// averages 74K): twice what a cache of 65,536 blocks of 64 holds, while
+    /// the requests running at any moment take a fifth of one of 16,384. So
+    /// every session comes back after the cache has turned over.
     pub fn agents() -> Self {
         Self {
-            conversations: 400,
+            conversations: 300,
             system_prompts: 4,
             system_prompt_blocks: (8, 16),
             context_tokens: (8192, 32768),
             turns: (5, 60),
             user_tokens: (256, 4096),
-            output_tokens: (64, 512),
-            mean_interarrival_ms: 5000.0,
-            turn_gap_ms: (2_000, 60_000),
+            output_tokens: (32, 128),
+            mean_interarrival_ms: 20_000.0,
+            turn_gap_ms: (10_000, 120_000),
         }
     }
 }
