@@ -32,6 +32,9 @@ echo "== cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile
 cargo test --release --features "$features" --all-targets
 cargo test --release --features "$features" --doc
 
+echo "== eviction policies with debug assertions (the contract's checks)"
+cargo test --lib policy::
+
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --release --test 'loom_*'

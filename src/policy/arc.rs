@@ -142,6 +142,11 @@ impl AdaptiveReplacement {
         self.rule
     }
 
+    /// Whether `block` is evictable (in one of the lists).
+    pub(crate) fn is_evictable(&self, block: BlockId) -> bool {
+        self.once.contains(block) || self.reused.contains(block)
+    }
+
     /// Switches rules; the lists stay as they are.
     pub(crate) fn set_rule(&mut self, rule: Rule) {
         self.rule = rule;
@@ -181,7 +186,8 @@ impl EvictionPolicy for AdaptiveReplacement {
     }
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
-        // Counted under both rules, so a switch finds the count going.
+        // Counted under both rules, so a switch finds the count going. A
+        // prompt without a full block has nothing to be judged by: warm.
         if 2 * hit >= hashes.len() {
             return Retention::Keep;
         }
@@ -448,8 +454,13 @@ mod tests {
                                 let from_once = !p.once.is_empty()
                                     && (p.cached_once > target || p.reused.is_empty());
                                 let expected = if from_once { p.once.front() } else { p.reused.front() };
+                                let probation: Vec<BlockId> = p.once.iter().collect();
                                 let Some(b) = p.evict() else { continue };
                                 prop_assert_eq!(Some(b), expected);
+                                // Residency never evicts a kept block while one on probation waits.
+                                if residency && !probation.is_empty() {
+                                    prop_assert!(probation.contains(&b));
+                                }
                                 b
                             }
                         };

@@ -46,6 +46,7 @@ use crate::BlockId;
 /// How the blocks a request stores are kept, as its policy decided when the
 /// request was admitted ([`EvictionPolicy::on_request`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Retention {
     /// Kept like any stored block, by the policy's own rule.
     #[default]
@@ -79,7 +80,8 @@ pub enum Retention {
 /// A block is evictable between `insert` and `remove`/`evict`, and only
 /// then. Every method is called with the manager's lock held, so
 /// implementations need no synchronization of their own; each must cost
-/// O(1) or O(log n), and be deterministic: the same calls give the same
+/// O(1) or O(log n) per block (`on_request` sees every block of a prompt:
+/// O(len) for it), and be deterministic: the same calls give the same
 /// victims.
 pub trait EvictionPolicy: Send + fmt::Debug {
     /// The policy's name (`lru`, ...).
