@@ -50,6 +50,12 @@ impl IdList {
         (self.head != NIL).then_some(self.head)
     }
 
+    /// The id after `id` (towards the back), if any; `id` must be listed.
+    pub(crate) fn after(&self, id: BlockId) -> Option<BlockId> {
+        let n = self.next[id as usize];
+        (n != NIL).then_some(n)
+    }
+
     pub(crate) fn push_back(&mut self, id: BlockId) {
         let i = id as usize;
         debug_assert!(!self.member[i], "block {id} is already listed");
