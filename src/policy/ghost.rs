@@ -125,14 +125,21 @@ impl GhostLists {
             .map_or(0, |(_, age)| self.capacity.saturating_sub(age))
     }
 
-    /// Clears way `way` of bucket `b`, counting a live entry out.
-    fn clear(&mut self, b: usize, way: usize) {
+    /// The way of bucket `b` holding `tag`, live or not.
+    fn way_of(&self, b: usize, tag: u64) -> Option<usize> {
+        self.buckets[b].0.iter().position(|&e| e >> 32 == tag)
+    }
+
+    /// Clears way `way` of bucket `b`; a live entry is counted out, and its
+    /// list returned.
+    fn clear(&mut self, b: usize, way: usize) -> Option<usize> {
         let entry = std::mem::take(&mut self.buckets[b].0[way]);
-        if self.life(entry) > 0 {
-            let (list, later) = self.decode(entry).unwrap();
-            self.swap_gone(list, later, true);
-            self.len[list] -= 1;
-        }
+        let (list, later) = self
+            .decode(entry)
+            .filter(|&(_, later)| later < self.capacity)?;
+        self.swap_gone(list, later, true);
+        self.len[list] -= 1;
+        Some(list)
     }
 
     /// Starts loading `fp`'s bucket into the cache, so that a `take` or
@@ -153,12 +160,11 @@ impl GhostLists {
     pub(crate) fn push(&mut self, list: usize, fp: u64) {
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
-        let ways = self.buckets[b].0;
         // A sighting of the same fingerprint, else the way with least life.
-        let way = match ways.iter().position(|&e| e >> 32 == tag) {
-            Some(way) => way,
-            None => (0..WAYS).min_by_key(|&w| self.life(ways[w])).unwrap(),
-        };
+        let way = self.way_of(b, tag).unwrap_or_else(|| {
+            let ways = &self.buckets[b].0;
+            (0..WAYS).min_by_key(|&w| self.life(ways[w])).unwrap()
+        });
         self.clear(b, way);
         let seq = self.pushes[list] & SEQ_MASK;
         self.buckets[b].0[way] = tag << 32 | (list as u64) << SEQ_BITS | seq;
@@ -176,11 +182,8 @@ impl GhostLists {
     pub(crate) fn take(&mut self, fp: u64) -> Option<usize> {
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
-        let way = (0..WAYS).find(|&w| self.buckets[b].0[w] >> 32 == tag)?;
-        let entry = self.buckets[b].0[way];
-        let live = self.life(entry) > 0;
-        self.clear(b, way);
-        live.then(|| self.decode(entry).unwrap().0)
+        let way = self.way_of(b, tag)?;
+        self.clear(b, way)
     }
 }
 

@@ -164,6 +164,22 @@ mod tests {
 
     const BLOCKS: usize = 10;
 
+    /// The `i`-th (modulo) block still in the index, evictable or held.
+    fn pick_cached(
+        evictable: &BTreeSet<BlockId>,
+        held: &[BlockId],
+        dropped: &BTreeSet<BlockId>,
+        i: usize,
+    ) -> Option<BlockId> {
+        let cached: Vec<BlockId> = evictable
+            .iter()
+            .chain(held)
+            .filter(|b| !dropped.contains(b))
+            .copied()
+            .collect();
+        (!cached.is_empty()).then(|| cached[i % cached.len()])
+    }
+
     proptest! {
         /// Any sequence of calls that keeps the contract: every policy evicts
         /// only evictable blocks, each once, and counts them right.
@@ -212,16 +228,9 @@ mod tests {
                             }
                         }
                         Op::Hit(i) => {
-                            let cached: Vec<BlockId> = evictable
-                                .iter()
-                                .chain(&held)
-                                .filter(|b| !dropped.contains(b))
-                                .copied()
-                                .collect();
-                            if cached.is_empty() {
+                            let Some(b) = pick_cached(&evictable, &held, &dropped, i) else {
                                 continue;
-                            }
-                            let b = cached[i % cached.len()];
+                            };
                             if evictable.remove(&b) {
                                 p.remove(b);
                             }
@@ -229,16 +238,9 @@ mod tests {
                             held.push(b);
                         }
                         Op::Drop(i) => {
-                            let cached: Vec<BlockId> = evictable
-                                .iter()
-                                .chain(&held)
-                                .filter(|b| !dropped.contains(b))
-                                .copied()
-                                .collect();
-                            if cached.is_empty() {
+                            let Some(b) = pick_cached(&evictable, &held, &dropped, i) else {
                                 continue;
-                            }
-                            let b = cached[i % cached.len()];
+                            };
                             if evictable.remove(&b) {
                                 p.remove(b);
                                 never.push(b);
