@@ -17,7 +17,7 @@ scripts/venv.sh
 MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib | head -n 1)"
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
-features=cuda,remote-redis
+features=capi,cuda,remote-redis
 
 echo "== rustfmt and clippy"
 cargo fmt --check

@@ -46,6 +46,7 @@ pub mod codec;
 pub mod config;
 pub mod error;
 mod events;
+#[cfg(feature = "capi")]
 pub mod ffi;
 mod hash;
 mod index;
