@@ -136,7 +136,7 @@ typedef enum MlaStatus {
 } MlaStatus;
 
 /**
- * Storage format of one cached latent (byte layouts in DESIGN.md section 2).
+ * Storage format of one cached latent (byte layouts in docs/formats.md).
  */
 typedef enum MlaDtype {
     /**

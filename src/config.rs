@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// Storage format of one cached latent (one token of one layer).
 ///
-/// The byte layouts are exact; see `codec` and DESIGN.md section 2.
+/// The byte layouts are exact; see `docs/formats.md` (also the [`crate::codec`] docs).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
 )]

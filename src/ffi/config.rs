@@ -28,7 +28,7 @@ impl MlaConfig {
     }
 }
 
-/// Storage format of one cached latent (byte layouts in DESIGN.md section 2).
+/// Storage format of one cached latent (byte layouts in docs/formats.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub enum MlaDtype {

@@ -8,7 +8,7 @@
 // (IEEE division, multiplication by a power of two, fmaxf).
 //
 // Byte layouts of one token (R = kv_lora_rank, P = rope_dim; 512 and 64 for
-// the DeepSeek family):
+// the DeepSeek family), specified exactly in docs/formats.md:
 //   bf16        [0, 2R) R bf16 NoPE | [2R, 2R+2P) P bf16 RoPE
 //   fp8_ds_mla  [0, R) e4m3fn codes | R/128 fp32 scales | P bf16 RoPE
 //   mxfp6       [0, 3R/4) E2M3 codes, 6-bit little-endian bit stream |
