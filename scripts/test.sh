@@ -41,6 +41,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
 
 echo "== python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
+# The hand-written stubs must match the module (names, signatures, defaults).
+.venv/bin/python -m mypy.stubtest mla_cache._native --allowlist python/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q python/tests
 
 echo "== the vLLM adapter replays the Mooncake trace exactly as simulate does"
