@@ -542,8 +542,6 @@ typedef struct MlaBlockCopy {
 
 /**
  * A snapshot of a manager's state and counters since creation.
- *
- * `#[repr(C)]` so the C ABI hands it out as is.
  */
 typedef struct MlaCacheStats {
     /**

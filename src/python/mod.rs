@@ -13,6 +13,7 @@ mod layer_buffer;
 mod manager;
 mod outcomes;
 mod request_ids;
+mod requests;
 mod store;
 mod tensors;
 mod tier;
