@@ -111,6 +111,16 @@ impl Requests for TieredCache {
     }
 }
 
+/// Runs `f`, without the GIL when it hashes `n` tokens or more (the
+/// calls of the manager and the prefix cache that only hash and look up).
+pub(super) fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
+    if n >= DETACH_MIN_TOKENS {
+        py.detach(f)
+    } else {
+        f()
+    }
+}
+
 /// The request API over `inner`, with the handle's request ids.
 pub(super) struct RequestApi<'a, R> {
     inner: &'a R,
@@ -129,12 +139,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
     }
 
     /// Runs `f`, without the GIL when the object says so for `num_tokens`.
-    pub(super) fn run<T: Send>(
-        &self,
-        py: Python<'_>,
-        num_tokens: usize,
-        f: impl FnOnce() -> T + Send,
-    ) -> T {
+    fn run<T: Send>(&self, py: Python<'_>, num_tokens: usize, f: impl FnOnce() -> T + Send) -> T {
         if self.inner.detaches(num_tokens) {
             py.detach(f)
         } else {
