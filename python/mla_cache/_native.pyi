@@ -352,7 +352,7 @@ class PrefixCache:
     ``evict`` hands back unlocked blocks to free by the eviction policy.
     Thread-safe; a failing call raises and changes nothing."""
 
-    def __init__(self, config: CacheConfig) -> None: ...
+    def __new__(cls, config: CacheConfig) -> "PrefixCache": ...
     @property
     def config(self) -> CacheConfig:
         """The configuration."""
