@@ -37,7 +37,7 @@ cargo test --lib policy::
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    cargo test --release --test 'loom_*'
+    cargo test --release -p mla-cache --test 'loom_*'
 
 echo "== python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
