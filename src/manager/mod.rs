@@ -39,11 +39,11 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
+use crate::ids::{BlockId, RequestId, TokenId};
 use crate::policy::{self, EvictionPolicy, Retention};
 use crate::prefix_cache::{CacheState, Prefixes};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
-use crate::{BlockId, RequestId, TokenId};
 
 /// A paged MLA cache's bookkeeping: allocation, prefix sharing,
 /// copy-on-write, pinning and eviction. `Send + Sync`: share it with `Arc`.

@@ -30,11 +30,11 @@ use super::transfer::BlockTransfer;
 use super::write_policy::WritePolicy;
 use crate::error::{Error, Result};
 use crate::hash::{BlockHash, ExtraKeys};
+use crate::ids::{BlockId, RequestId, TokenId};
 use crate::manager::{AdmitOptions, AppendOutcome, BlockManager};
 use crate::store::Stream;
 use crate::sync::Mutex;
 use crate::tier::remote::BlockFormat;
-use crate::{BlockId, RequestId, TokenId};
 
 /// The lower tiers of a [`TieredCache`] and when blocks go down to them.
 #[derive(Debug, Default)]
