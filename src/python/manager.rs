@@ -9,12 +9,12 @@ use pyo3::types::{PyDict, PyList};
 use super::config::CacheConfig;
 use super::errors;
 use super::events;
-use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{Admission, AppendOutcome, PrefixMatch};
+use super::prefix_calls::keyed;
 use super::request_ids::RequestIds;
-use super::requests::{hashing, RequestApi};
+use super::requests::RequestApi;
 use super::stats;
 use crate::{manager, Error, TokenId};
 
@@ -116,8 +116,9 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<PrefixMatch> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        let found = hashing(py, tokens.len(), || self.inner.match_prefix(&tokens, &keys));
+        let found = keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.match_prefix(&tokens, k)
+        })?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -243,8 +244,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.pin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// Releases one pin of the prefix ``tokens``: the pin whose run ends
@@ -258,8 +261,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.unpin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.unpin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// A snapshot of gauges and counters as a dict: ``num_blocks``,

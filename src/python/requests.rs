@@ -8,12 +8,10 @@ use pyo3::prelude::*;
 use super::errors;
 use super::extra_keys;
 use super::outcomes::{block_array, AppendOutcome};
+use super::prefix_calls::DETACH_MIN_TOKENS;
 use super::request_ids::{self, Key, RequestIds};
 use crate::tier::{TieredAdmission, TieredCache};
 use crate::{manager, Admission, AdmitOptions, Error, RequestId, Result, TokenId};
-
-/// Calls on a manager hashing at least this many tokens release the GIL.
-const DETACH_MIN_TOKENS: usize = 1024;
 
 /// What the shared request API calls on the object behind a Python handle.
 pub(super) trait Requests: Sync {
@@ -108,16 +106,6 @@ impl Requests for TieredCache {
     /// Lower tiers copy blocks and wait on the network: always.
     fn detaches(&self, _num_tokens: usize) -> bool {
         true
-    }
-}
-
-/// Runs `f`, without the GIL when it hashes `n` tokens or more (the
-/// calls of the manager and the prefix cache that only hash and look up).
-pub(super) fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
-    if n >= DETACH_MIN_TOKENS {
-        py.detach(f)
-    } else {
-        f()
     }
 }
 
