@@ -593,7 +593,7 @@ impl BlockManager {
             st.policy.forget(b);
             if self.config.enable_events {
                 st.events.push(CacheEvent::BlockRemoved {
-                    block_hashes: vec![hash],
+                    block_hashes: vec![hash.external()],
                 });
             }
             removed += 1;
@@ -743,19 +743,37 @@ impl BlockManager {
         Ok(())
     }
 
-    /// Hashes of the full blocks of `tokens` under `keys`, as admission
-    /// computes them (empty without prefix caching). A lower cache tier keys
-    /// its blocks by these.
-    pub fn block_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<BlockHash> {
+    /// External hashes ([`BlockHash::external`]) of the full blocks of
+    /// `tokens` under `keys`: the values events carry for them (empty
+    /// without prefix caching).
+    pub fn block_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<u64> {
+        let hashes = self.chain_hashes(tokens, keys);
+        hashes.into_iter().map(BlockHash::external).collect()
+    }
+
+    /// The 128-bit chain hashes of the full blocks of `tokens` under `keys`,
+    /// as admission computes them (empty without prefix caching). Lower
+    /// cache tiers ([`crate::tier`]) key their blocks by these.
+    pub fn chain_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<BlockHash> {
         self.chain(tokens, &self.hasher.digest(keys))
     }
 
-    /// The (hash, block) pairs of request `id`'s full computed blocks from
+    /// The (external hash, block) pairs of request `id`'s full computed blocks from
     /// block `from` on, in table order, up to the first one dropped by
     /// [`BlockManager::evict_blocks`] (its contents were declared
     /// unreadable). Their contents are final: full computed blocks are never
     /// written again.
-    pub fn computed_blocks(&self, id: RequestId, from: usize) -> Result<Vec<(BlockHash, BlockId)>> {
+    pub fn computed_blocks(&self, id: RequestId, from: usize) -> Result<Vec<(u64, BlockId)>> {
+        let blocks = self.computed_chain(id, from)?;
+        Ok(external_pairs(blocks))
+    }
+
+    /// [`BlockManager::computed_blocks`] with the 128-bit chain hashes, for the tiers.
+    pub(crate) fn computed_chain(
+        &self,
+        id: RequestId,
+        from: usize,
+    ) -> Result<Vec<(BlockHash, BlockId)>> {
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
         Ok(request
@@ -779,12 +797,17 @@ impl BlockManager {
         }
     }
 
-    /// The (hash, block) pairs evicted since the last call, oldest first
+    /// The (external hash, block) pairs evicted since the last call, oldest first
     /// (empty unless [`BlockManager::set_eviction_log`] is on). An evicted
     /// block was handed to a new owner by the call that evicted it, but keeps
     /// its old contents until that owner's engine writes it: copy it out
     /// before returning the block table to the engine (write-back).
-    pub fn take_evicted(&self) -> Vec<(BlockHash, BlockId)> {
+    pub fn take_evicted(&self) -> Vec<(u64, BlockId)> {
+        external_pairs(self.take_evicted_chain())
+    }
+
+    /// [`BlockManager::take_evicted`] with the 128-bit chain hashes, for the tiers.
+    pub(crate) fn take_evicted_chain(&self) -> Vec<(BlockHash, BlockId)> {
         self.state
             .lock()
             .evicted
@@ -822,7 +845,7 @@ impl BlockManager {
         }
         if self.config.enable_events {
             st.events.push(CacheEvent::BlockRemoved {
-                block_hashes: vec![hash],
+                block_hashes: vec![hash.external()],
             });
         }
         Some(b)
@@ -840,7 +863,7 @@ impl BlockManager {
         if full <= first {
             return;
         }
-        let mut stored: Vec<BlockHash> = Vec::new();
+        let mut stored: Vec<u64> = Vec::new();
         let mut stored_from = None;
         for i in first..full {
             let hash = match known.and_then(|k| k.get(i)) {
@@ -868,14 +891,14 @@ impl BlockManager {
                 st.stats.blocks_stored += 1;
                 if self.config.enable_events {
                     stored_from.get_or_insert(i);
-                    stored.push(hash);
+                    stored.push(hash.external());
                 }
             }
         }
         if let Some(from) = stored_from {
             let n = stored.len();
             st.events.push(CacheEvent::BlockStored {
-                parent_block_hash: (from > 0).then(|| request.hashes[from - 1]),
+                parent_block_hash: (from > 0).then(|| request.hashes[from - 1].external()),
                 token_ids: request.tokens[from * bs..(from + n) * bs].to_vec(),
                 block_hashes: stored,
                 block_size: bs,
@@ -1016,6 +1039,11 @@ impl State {
             self.num_free += 1;
         }
     }
+}
+
+/// (hash, block) pairs with the hashes shown as external ones.
+fn external_pairs(pairs: Vec<(BlockHash, BlockId)>) -> Vec<(u64, BlockId)> {
+    pairs.into_iter().map(|(h, b)| (h.external(), b)).collect()
 }
 
 /// A random hash seed, from the standard library's per-process random keys.

@@ -227,10 +227,12 @@ class BlockStored(CacheEvent):
 
     @property
     def block_hashes(self) -> list[int]:
-        """Hashes of the stored blocks, in chain order (128-bit ints)."""
+        """External hashes of the stored blocks, in chain order (64-bit ints:
+        the low 64 bits of the 128-bit chain hash)."""
     @property
     def parent_block_hash(self) -> Optional[int]:
-        """Hash of the block before the first one; ``None`` for a chain's root."""
+        """External hash of the block before the first one; ``None`` for a
+        chain's root."""
     @property
     def token_ids(self) -> list[int]:
         """The blocks' token ids, ``block_size`` per block."""
@@ -247,7 +249,7 @@ class BlockRemoved(CacheEvent):
 
     @property
     def block_hashes(self) -> list[int]:
-        """Hashes of the removed blocks (128-bit ints)."""
+        """External hashes of the removed blocks (64-bit ints)."""
 
 @final
 class AllBlocksCleared(CacheEvent):
