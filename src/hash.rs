@@ -114,11 +114,6 @@ impl Hasher {
         }
     }
 
-    /// The parent of the first block.
-    pub(crate) fn root(&self) -> BlockHash {
-        self.root
-    }
-
     pub(crate) fn digest(&self, keys: &ExtraKeys) -> KeyDigest {
         let h = |s: &str| xxh3_64_with_seed(s.as_bytes(), self.seed);
         KeyDigest {
