@@ -86,6 +86,15 @@ impl AllBlocksCleared {
     }
 }
 
+/// The Python objects of `events`, oldest first.
+pub(crate) fn to_py_list(py: Python<'_>, events: Vec<Event>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for e in events {
+        list.append(to_py(py, e)?)?;
+    }
+    Ok(list)
+}
+
 /// The Python object of one event.
 pub(crate) fn to_py(py: Python<'_>, event: Event) -> PyResult<Bound<'_, PyAny>> {
     let base = PyClassInitializer::from(CacheEvent);
