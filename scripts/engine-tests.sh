@@ -24,6 +24,8 @@ sglang)
     .venv/bin/maturin build --release --quiet --auditwheel skip -o "$wheels"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
         --force-reinstall "$wheels"/mla_cache-*.whl
+    # The replay tests compare with the simulator (test.sh's features: no rebuild there).
+    cargo build --release --quiet --features cuda,remote-redis --bin mla-cache
     ;;
 *)
     .venv/bin/maturin develop --release --quiet

@@ -271,7 +271,8 @@ class Engine:
         for req, prefix in zip(reqs, prefixes):
             row, start, end = req.kv.req_pool_idx, req.prefix_len, req.extend_end
             self.pool.write((row, slice(0, start)), prefix.to(torch.int32))
-            self.pool.write((row, slice(start, end)), out[offset : offset + end - start].to(torch.int32))
+            slots = out[offset : offset + end - start]
+            self.pool.write((row, slice(start, end)), slots.to(torch.int32))
             offset += end - start
             req.kv.kv_allocated_len = req.kv.kv_committed_len = end
 

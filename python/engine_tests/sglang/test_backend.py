@@ -114,7 +114,8 @@ def stored_pages(events):
     for e in events:
         if isinstance(e, BlockStored):
             assert len(e.token_ids) == len(e.block_hashes) * e.block_size
-            stored += [tuple(e.token_ids[i : i + e.block_size]) for i in range(0, len(e.token_ids), e.block_size)]
+            size = e.block_size
+            stored += [tuple(e.token_ids[i : i + size]) for i in range(0, len(e.token_ids), size)]
         elif isinstance(e, BlockRemoved):
             removed += len(e.block_hashes)
         else:
