@@ -56,7 +56,7 @@ struct MReq {
     blocks: Vec<u32>,
 }
 
-/// The reference: the rules of DESIGN.md section 3, written as plainly as possible.
+/// The reference: the rules of docs/semantics.md, written as plainly as possible.
 struct Model {
     blocks: Vec<MBlock>,
     cached: HashMap<Vec<u32>, u32>,

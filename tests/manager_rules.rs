@@ -1,4 +1,4 @@
-//! One test per rule of the block manager's semantics (DESIGN.md section 3).
+//! One test per rule of the block manager's semantics (docs/semantics.md).
 
 use mla_cache::{
     AdmitOptions, BlockCopy, BlockManager, CacheConfig, CacheEvent, Error, EvictionPolicyKind,

@@ -1,5 +1,5 @@
 """1,000 random requests through the manager and a small pure-Python model of
-its rules (DESIGN.md section 3): same block ids, hits (capped at len - 1),
+its rules (docs/semantics.md): same block ids, hits (capped at len - 1),
 free counts, evictions and copy-on-write copies at every step."""
 
 import random

@@ -20,11 +20,11 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::ExtraKeys;
+use crate::ids::{BlockId, TokenId};
 use crate::index::PrefixIndex;
 use crate::policy;
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
-use crate::{BlockId, TokenId};
 
 /// The outcome of [`BlockManager::match_prefix`](crate::BlockManager::match_prefix)
 /// and [`PrefixCache::match_prefix`].

@@ -13,12 +13,10 @@ use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
+use super::prefix_calls::{hashing, keyed};
 use super::request_ids::{self, Key, RequestIds};
 use super::stats;
 use crate::{manager, AdmitOptions, Error, TokenId};
-
-/// Calls hashing at least this many tokens release the GIL.
-const DETACH_MIN_TOKENS: usize = 1024;
 
 /// A paged MLA cache's bookkeeping: block allocation, prefix sharing by
 /// chained block hashes, copy-on-write for forked requests, pinning and LRU
@@ -53,15 +51,6 @@ impl BlockManager {
 
     fn id(obj: &Bound<'_, PyAny>) -> PyResult<Key> {
         Key::extract(obj)
-    }
-}
-
-/// Runs `f`, without the GIL when it hashes `n` tokens or more.
-pub(crate) fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
-    if n >= DETACH_MIN_TOKENS {
-        py.detach(f)
-    } else {
-        f()
     }
 }
 
@@ -131,8 +120,9 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<PrefixMatch> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        let found = hashing(py, tokens.len(), || self.inner.match_prefix(&tokens, &keys));
+        let found = keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.match_prefix(&tokens, k)
+        })?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -280,8 +270,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.pin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// Releases one pin of the prefix ``tokens``: the pin whose run ends
@@ -295,8 +287,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.unpin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.unpin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// A snapshot of gauges and counters as a dict: ``num_blocks``,

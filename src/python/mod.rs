@@ -13,6 +13,7 @@ mod layer_buffer;
 mod manager;
 mod outcomes;
 mod prefix_cache;
+mod prefix_calls;
 mod request_ids;
 mod stats;
 mod store;
