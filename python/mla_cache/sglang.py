@@ -69,6 +69,9 @@ BACKEND_NAME = "mla_cache"
 EVICTION_POLICIES = ("lru", "arc", "residency", "adaptive")
 """``--radix-eviction-policy`` values this backend runs (mla_cache's policies)."""
 
+EVENT_HASH_SEED = 0
+"""Seed of the block hash chain (fixed, so hashes agree across processes)."""
+
 SIMULATED_NUM_BLOCKS = 1 << 20
 """Block ids a cache without an allocator accepts (SGLang's simulated trees)."""
 
@@ -133,6 +136,9 @@ class RadixCache(BasePrefixCache):
                 block_size=self.page_size,
                 eviction=policy,
                 enable_events=self.enable_kv_cache_events,
+                # One seed for every scheduler process: a KV-aware router
+                # sees the same hash for the same prefix on every rank.
+                hash_seed=EVENT_HASH_SEED,
             )
         )
         """The mla_cache prefix index over the allocator's page ids."""

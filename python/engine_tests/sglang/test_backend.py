@@ -179,3 +179,9 @@ def test_sizes_and_views_sglang_reads():
     cache.unlock(lock)
     assert cache.path_device_indices(match.last_device_node).tolist() == list(range(40, 48))
     cache.pretty_print()
+
+
+def test_two_caches_name_a_prefix_with_the_same_hashes():
+    runs = [event_run()[0] for _ in range(2)]
+    hashes = [[h for e in run if isinstance(e, BlockStored) for h in e.block_hashes] for run in runs]
+    assert hashes[0] and hashes[0] == hashes[1]

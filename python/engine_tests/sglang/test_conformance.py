@@ -216,3 +216,34 @@ def test_page_sizes(page_size):
 
     trace = both(scenario, num_pages=256 // page_size, page_size=page_size)
     assert trace[1] == 37 // page_size * page_size
+
+
+def test_abort_in_the_middle_of_a_chunked_prefill():
+    def scenario(e: Engine):
+        req = e.request("r", prompt(40), max_new_tokens=4)
+        trace = [e.prefill([req], chunk=16), e.sizes()]
+        e.release(req, checkpoint=False)  # aborted between chunks
+        trace.append(e.sizes())
+        trace.append(e.match(e.request("q", prompt(41))))  # the first chunk stays cached
+        return trace
+
+    trace = both(scenario, num_pages=16)
+    assert trace[3] == 16 and trace[2] == (48, 16, 0)
+
+
+def test_decode_under_memory_pressure_evicts_for_its_new_pages():
+    # One-page leaves, so SGLang's node-sized evictions equal the pages needed.
+    def scenario(e: Engine):
+        e.run(e.request("x", prompt(4) + prompt(4, 500), max_new_tokens=1))
+        e.run(e.request("y", prompt(4) + prompt(4, 600), max_new_tokens=1))
+        a = e.request("a", prompt(12, 900), max_new_tokens=10)
+        trace = [e.prefill([a]), e.sizes()]  # evicts "x"'s page
+        while not a.finished():
+            e.decode([a])  # new pages at 12 (free), 16 ("y" evicted), 20 (the shared page)
+            trace.append(e.sizes())
+        trace.append(e.match(e.request("q-y", prompt(4) + prompt(5, 600))))
+        trace.append(e.match(e.request("q-a", prompt(13, 900))))
+        return trace
+
+    trace = both(scenario, num_pages=6)
+    assert trace[-2:] == [0, 12]
