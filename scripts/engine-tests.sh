@@ -3,17 +3,34 @@
 #
 #   scripts/engine-tests.sh vllm|sglang [pytest args...]
 #
-# The engine lives in its cached venv (scripts/engine-venv.sh); mla_cache is the
-# module `maturin develop` builds (up to date) into python/mla_cache (both venvs are CPython
-# 3.11), put on that venv's path with PYTHONPATH, so nothing of the project is
-# installed into the engine's venv. Tests: python/engine_tests/<engine>/.
+# The engine lives in its cached venv (scripts/engine-venv.sh). For vLLM, mla_cache
+# is the module `maturin develop` builds (up to date) into python/mla_cache (both
+# venvs are CPython 3.11), put on that venv's path with PYTHONPATH; for SGLang it is
+# the freshly built wheel installed into the engine's venv (its plug-in entry point
+# needs an installed distribution). Tests: python/engine_tests/<engine>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine=${1:?usage: scripts/engine-tests.sh vllm|sglang [pytest args...]}
 shift
 venv="$(scripts/engine-venv.sh "$engine")"
 scripts/venv.sh
-.venv/bin/maturin develop --release --quiet
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+case "$engine" in
+sglang)
+    # The backend reaches SGLang through its plug-in entry point, which only
+    # an installed distribution has: build the wheel and install it there.
+    wheels=target/wheels/sglang
+    rm -rf "$wheels"
+    # A local wheel, linked to this machine's libssl: no manylinux repair.
+    .venv/bin/maturin build --release --quiet --auditwheel skip -o "$wheels"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+        --force-reinstall "$wheels"/mla_cache-*.whl
+    # The replay tests compare with the simulator (test.sh's features: no rebuild there).
+    cargo build --release --quiet --features cuda,remote-redis --bin mla-cache
+    ;;
+*)
+    .venv/bin/maturin develop --release --quiet
+    export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+    ;;
+esac
 export VLLM_TARGET_DEVICE=cpu
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "python/engine_tests/$engine" "$@"

@@ -22,9 +22,12 @@ vllm)
 sglang)
     dir="$root/sglang-0.5.23"
     # SGLang's full dependency list pulls GPU kernels; the scheduler-side
-    # modules (radix cache, allocators, req_to_token pool, schedule policy)
-    # import only these.
-    want="torch==2.14.1 numpy psutil requests pydantic msgspec orjson packaging tqdm setproctitle $test_tools"
+    # modules (radix cache, allocators, req_to_token pool, Req, schedule
+    # policy, KV events, backend registry) import only these (found by
+    # importing them in a bare venv until nothing was missing).
+    want="torch==2.14.1 torchvision==0.29.2 numpy psutil requests pydantic msgspec orjson packaging tqdm"
+    want="$want pybase64 pillow starlette ipython aiohttp transformers dill apache-tvm-ffi"
+    want="$want sentencepiece compressed-tensors gguf openai partial-json-parser $test_tools"
     nodeps="sglang==0.5.23"
     ;;
 *)

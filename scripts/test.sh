@@ -4,8 +4,10 @@
 # compiled with NVRTC from NVIDIA's wheels and checked bit for bit on a CPU
 # emulation), the remote tier against real Valkey/Redis servers (a single node
 # and a 3-node cluster on 127.0.0.1, started here), the loom models, the C/C++
-# ABI tests under valgrind and the Python suite. Installs what it needs into
-# .venv (and redis-server, valgrind from Debian's packages when missing).
+# ABI tests under valgrind, the Python suite and the SGLang backend's conformance
+# tests inside SGLang. Installs what it needs into .venv, the engine into a cached
+# venv of its own (scripts/engine-venv.sh), and redis-server, valgrind from
+# Debian's packages when missing.
 # A GPU is not needed (scripts/gpu-check.sh runs the kernels on one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,3 +54,6 @@ cargo build --release --features "$features" --bin mla-cache
 echo "== C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 scripts/c-tests.sh --release --features "$features" --valgrind
+
+echo "== SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
+scripts/engine-tests.sh sglang

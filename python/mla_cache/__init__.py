@@ -19,7 +19,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
   :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
 - Engine adapters: :mod:`mla_cache.vllm` (vLLM v1's ``KVCacheManager``) and
-  :mod:`mla_cache.sglang` (SGLang's ``RadixCache``), imported on their own.
+  :mod:`mla_cache.sglang` (a radix-cache backend SGLang 0.5.23 selects with
+  ``--radix-cache-backend mla_cache``; it imports SGLang), imported on their own.
 
 Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
 ``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.

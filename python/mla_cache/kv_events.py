@@ -1,10 +1,10 @@
 """KV cache events in the shape serving engines publish to KV-aware routers.
 
 vLLM (``vllm.distributed.kv_events``) and SGLang publish ``BlockStored``,
-``BlockRemoved`` and ``AllBlocksCleared`` with the fields below. The engine
-adapters (:mod:`mla_cache.vllm`, :mod:`mla_cache.sglang`) translate the block
-manager's own events into these, so a router written for the engine reads
-them unchanged. Block hashes are mla_cache's external hashes (the low 64
+``BlockRemoved`` and ``AllBlocksCleared`` with the fields below. The vLLM
+adapter (:mod:`mla_cache.vllm`) translates the block manager's own events
+into these, so a router written for the engine reads them unchanged; the
+SGLang backend (:mod:`mla_cache.sglang`) builds SGLang's own event classes. Block hashes are mla_cache's external hashes (the low 64
 bits of its seeded 128-bit xxh3 chain: unsigned 64-bit ints, which the
 engines' msgpack publishers can send), not the engine's.
 """

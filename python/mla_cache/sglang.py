@@ -1,392 +1,434 @@
-"""A drop-in for SGLang's ``RadixCache`` (the SGLang 0.5.3 interface), backed by mla_cache.
+"""A radix-cache backend for SGLang 0.5.23, backed by :class:`mla_cache.PrefixCache`.
 
-:class:`RadixCache` has the methods SGLang's scheduler calls on its radix
-cache, with ``page_size`` equal to the block size. KV indices are SGLang's
-per-token slots, ``block_id * page_size + offset``, as numpy ``int64``
-arrays (``torch.from_numpy`` wraps them without a copy).
+SGLang's token allocator owns the KV slots; this cache only indexes the pages
+requests computed and tells the allocator which pages to free. One page is
+one mla_cache block (``page_size`` = block size) and a page's block id is
+``slot // page_size``, the page id SGLang's paged allocator hands out.
 
-The block manager owns allocation, so the adapter also hands out the slots
-of new tokens (:meth:`RadixCache.alloc_extend`, :meth:`RadixCache.alloc_decode`)
-where SGLang asks its token allocator, and :meth:`RadixCache.available_size`
-replaces the allocator's. How the calls map:
+Selecting it: installing ``mla_cache`` registers the backend with SGLang's
+plug-in loader (entry point ``sglang.srt.plugins``), so an unmodified SGLang
+takes ``--radix-cache-backend mla_cache``. :func:`register` does the same by
+hand (``SGLANG_PLUGINS`` may filter plug-ins).
 
-- ``match_prefix`` is ``BlockManager.match_prefix`` of the page-aligned key:
-  whole cached blocks, no references; the node it returns names that prefix.
-- ``inc_lock_ref`` / ``dec_lock_ref`` pin and unpin the node's prefix (pins
-  hold references, so a locked prefix is never evicted or reused).
-- ``alloc_extend`` admits a request with exactly its matched prefix and
-  slots for ``fill_ids``, then appends later chunks; ``alloc_decode``
-  appends decoded tokens. Requests are admitted with ``chunked_prefill``.
-- ``cache_unfinished_req`` commits ``fill_ids`` (their full blocks become
-  shareable) and moves the request's lock to the new prefix;
-  ``cache_finished_req`` commits the tokens whose KV was computed, frees the
-  request tail first and drops its lock.
+How :class:`RadixCache` meets SGLang's ``BasePrefixCache`` contract:
 
-Differences from SGLang's tree: sharing is by whole blocks (SGLang shares at
-``page_size`` granularity too); two blocks never hold one prefix, so a
-request keeps its own KV when another computed the same prefix meanwhile
-(its ``prefix_indices`` never change under it); eviction takes free cached
-blocks least recently freed first and tail first (SGLang: leaves by last
-access), and allocation evicts by itself when the never-cached free blocks
-run out, so ``evict`` ahead of it is optional; every call is thread-safe.
-As in SGLang, ``available_size() + evictable_size()`` is what can be
-allocated now.
+- ``match_prefix`` returns the longest cached run of whole pages; its node
+  (:class:`PrefixNode`) names the cached block ids on that path.
+- ``lock``/``inc_lock_ref`` lock those blocks (never evicted while locked),
+  ``unlock``/``dec_lock_ref`` release them; ``protected_size`` counts locked
+  cached tokens and ``evictable_size`` unlocked ones, exactly.
+- ``checkpoint(req, up_to=n)`` inserts the request's full pages of its first
+  ``n`` tokens, frees through the allocator the request's pages that another
+  request cached first, rewrites the request's row onto the cached pages,
+  advances ``req.kv.cache_protected_len`` and moves the request's lock.
+- ``evict`` / ``evict_for_alloc`` take unlocked pages by the eviction policy
+  (leaves before their ancestors) and free them through the allocator.
+- ``take_events`` returns SGLang's own ``BlockStored`` / ``BlockRemoved`` /
+  ``AllBlocksCleared`` with mla_cache's 64-bit block hashes.
+
+SGLang is imported by this module only: ``import mla_cache`` never needs it.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
-import numpy.typing as npt
+import torch
+from sglang.srt.disaggregation.kv_events import (
+    AllBlocksCleared as SglAllBlocksCleared,
+)
+from sglang.srt.disaggregation.kv_events import (
+    BlockRemoved as SglBlockRemoved,
+)
+from sglang.srt.disaggregation.kv_events import (
+    BlockStored as SglBlockStored,
+)
+from sglang.srt.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-from ._native import BlockManager, CacheConfig
-from .kv_events import KVCacheEvent, convert
+from ._native import AllBlocksCleared, BlockRemoved, BlockStored, CacheConfig, PrefixCache
 
-__all__ = ["MatchResult", "PrefixNode", "RadixCache", "RadixKey", "ReqLike"]
+__all__ = ["BACKEND_NAME", "PrefixNode", "RadixCache", "register"]
 
-Indices = npt.NDArray[np.int64]
-"""Per-token KV indices (slots)."""
+BACKEND_NAME = "mla_cache"
+"""The name ``--radix-cache-backend`` takes."""
 
+EVICTION_POLICIES = ("lru", "arc", "residency", "adaptive")
+"""``--radix-eviction-policy`` values this backend runs (mla_cache's policies)."""
 
-@dataclass(frozen=True)
-class RadixKey:
-    """A lookup key as SGLang builds it: token ids and a namespace
-    (``extra_key``: LoRA id and cache salt) that isolates prefixes."""
+EVENT_HASH_SEED = 0
+"""Seed of the block hash chain (fixed, so hashes agree across processes)."""
 
-    token_ids: Sequence[int]
-    """Token ids."""
-    extra_key: Optional[str] = None
-    """Namespace; keys of different namespaces never share blocks."""
+SIMULATED_NUM_BLOCKS = 1 << 20
+"""Block ids a cache without an allocator accepts (SGLang's simulated trees)."""
 
 
-class KeyLike(Protocol):
-    """Anything with a key's attributes (SGLang's own ``RadixKey`` too)."""
-
-    token_ids: Sequence[int]
-    extra_key: Optional[str]
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PrefixNode:
-    """A cached prefix: what ``match_prefix`` returns as the last node, and
-    what the lock calls take. The root is the empty prefix."""
+    """A cached prefix: what ``match_prefix``, ``insert`` and ``checkpoint``
+    leave in ``req.last_node``, and what the lock calls take. It names the
+    cached block ids of the prefix's pages, in order; the root is empty."""
 
-    token_ids: Sequence[int]
-    """The prefix's tokens (whole blocks)."""
-    extra_key: Optional[str]
-    """Its namespace."""
-    block_ids: Sequence[int]
-    """The blocks holding it when it was matched."""
+    block_ids: Tuple[int, ...]
+    """Cached block (page) ids of the prefix, one per page."""
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        return len(self.block_ids)
 
 
-class MatchResult(NamedTuple):
-    """The outcome of ``match_prefix``, as in SGLang."""
+class RadixCache(BasePrefixCache):
+    """SGLang's radix cache contract over an mla_cache :class:`PrefixCache`.
 
-    device_indices: Indices
-    """KV indices of the cached prefix."""
-    last_device_node: PrefixNode
-    """The prefix's node (lock it to keep the prefix)."""
-    last_host_node: PrefixNode
-    """The same node (no host tier)."""
-    host_hit_length: int = 0
-    """Always 0 (no host tier)."""
-
-
-class ReqLike(Protocol):
-    """The attributes of SGLang's ``Req`` the cache reads and writes."""
-
-    rid: str
-    origin_input_ids: Sequence[int]
-    output_ids: Sequence[int]
-    fill_ids: Sequence[int]
-    prefix_indices: Any
-    last_node: PrefixNode
-    extra_key: Optional[str]
-    req_pool_idx: int
-
-
-class ReqToTokenPoolLike(Protocol):
-    """The part of SGLang's ``ReqToTokenPool`` the cache uses."""
-
-    def free(self, free_index: int) -> None:
-        """Releases a request's row."""
-
-
-@dataclass
-class _Tracked:
-    """What the adapter remembers of an admitted request."""
-
-    num_tokens: int
-    """Tokens given to the manager (their slots are allocated)."""
-    committed: int
-    """Tokens committed as computed."""
-
-
-class RadixCache:
-    """SGLang's ``RadixCache`` interface over an mla_cache ``BlockManager``.
-
-    ``config`` sets the cache: ``page_size`` is its ``block_size`` and the
-    token capacity ``num_blocks * block_size``. Pins back the tree locks, so
-    the pin budget is raised to the whole cache. ``req_to_token_pool``, when
-    given, has a finished request's row freed as SGLang's cache does.
-    ``disable`` turns prefix sharing off (SGLang's ``--disable-radix-cache``).
+    Built from SGLang's ``CacheInitParams``: ``page_size`` is the block size,
+    the block ids are the allocator's pages (``0 ..= size // page_size``),
+    ``eviction_policy`` one of :data:`EVICTION_POLICIES`. Hybrid SWA/Mamba
+    models, hierarchical caching and EAGLE's bigram keys are not supported.
+    Raises ``ValueError`` for settings it cannot serve.
     """
 
-    def __init__(
-        self,
-        config: CacheConfig,
-        *,
-        req_to_token_pool: Optional[ReqToTokenPoolLike] = None,
-        disable: bool = False,
-        enable_kv_cache_events: bool = False,
-    ) -> None:
-        config = config.replace(
-            enable_prefix_caching=config.enable_prefix_caching and not disable,
-            enable_events=enable_kv_cache_events,
-            pin_budget_blocks=config.num_blocks,
-        )
-        self._manager = BlockManager(config)
-        self.page_size: int = config.block_size
-        """Tokens per page (the block size)."""
-        self.disable: bool = not config.enable_prefix_caching
-        """Whether prefix sharing is off."""
-        self.req_to_token_pool: Optional[ReqToTokenPoolLike] = req_to_token_pool
-        """Rows of KV indices per request, freed when a request finishes."""
-        self.root_node: PrefixNode = PrefixNode((), None, ())
-        """The empty prefix."""
-        self._offsets = np.arange(self.page_size, dtype=np.int64)
-        self._requests: Dict[str, _Tracked] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def manager(self) -> BlockManager:
-        """The block manager (for a ``LatentStore`` and stats)."""
-        return self._manager
-
-    def reset(self) -> None:
-        """Drops every cached prefix. Raises ``RuntimeError`` while any
-        request or lock holds blocks."""
-        with self._lock:
-            if not self._manager.reset_prefix_cache():
-                raise RuntimeError("cannot reset the cache while blocks are in use")
-
-    def match_prefix(self, key: KeyLike, **kwargs: Any) -> MatchResult:
-        """The longest cached prefix of ``key`` in whole pages: its KV
-        indices and its node. Takes no references: lock the node
-        (``inc_lock_ref``) to keep it."""
-        tokens = key.token_ids
-        aligned = len(tokens) // self.page_size * self.page_size
-        if self.disable or aligned == 0:
-            return self._empty_match()
-        found = self._manager.match_prefix(tokens[:aligned], salt=key.extra_key)
-        if found.num_tokens == 0:
-            return self._empty_match()
-        blocks = found.block_ids.tolist()
-        node = PrefixNode(list(tokens[: found.num_tokens]), key.extra_key, blocks)
-        return MatchResult(self._slots(found.block_ids), node, node)
-
-    def insert(self, key: KeyLike, value: Optional[Indices] = None) -> int:
-        """Makes the page-aligned ``key`` shareable when ``value`` holds the
-        KV indices where a live request computed it: commits that request
-        (searched among live requests by its first blocks). Returns how many
-        of the key's tokens were cached before. Raises ``ValueError`` when no
-        live request holds ``value`` for ``key``: mla_cache shares only KV
-        its requests computed."""
-        aligned = len(key.token_ids) // self.page_size * self.page_size
-        if self.disable or aligned == 0:
-            return 0
-        tokens = key.token_ids[:aligned]
-        if value is None or len(value) < aligned:
-            raise ValueError("insert needs the KV indices of every token of the key")
-        blocks = [int(i) // self.page_size for i in value[:aligned : self.page_size]]
-        with self._lock:
-            before = self._manager.match_prefix(tokens, salt=key.extra_key).num_tokens
-            for rid, tracked in self._requests.items():
-                if tracked.num_tokens < aligned:
-                    continue
-                if self._manager.block_table(rid)[: len(blocks)].tolist() == blocks:
-                    self._commit(rid, tracked, aligned)
-                    break
-            else:
-                raise ValueError("no live request holds these KV indices")
-        return before
-
-    def alloc_extend(self, req: ReqLike) -> Indices:
-        """KV indices for ``req.fill_ids`` past ``req.prefix_indices``
-        (SGLang's ``out_cache_loc`` of an extend). The first call admits the
-        request, reusing exactly its matched prefix (``req.last_node``);
-        later calls (next chunks, or tokens after a retraction's re-match)
-        append. Raises ``OutOfBlocks`` (nothing changed) when they do not
-        fit now, ``ValueError`` when they never can, ``RuntimeError`` if the
-        matched prefix was evicted since ``match_prefix`` (lock it first)."""
-        rid = req.rid
-        fill = req.fill_ids
-        with self._lock:
-            tracked = self._requests.get(rid)
-            if tracked is not None:
-                return self._extend(rid, tracked, fill)
-            hit = len(req.prefix_indices)
-            head = hit + 1
-            admission = self._manager.admit(
-                rid,
-                fill[:head],
-                decode_slots=max(len(fill), head) - head,
-                salt=req.extra_key,
-                chunked_prefill=True,
+    def __init__(self, params: CacheInitParams) -> None:
+        if params.is_eagle:
+            raise ValueError("mla_cache's SGLang backend does not support EAGLE bigram keys")
+        policy = params.eviction_policy.lower()
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction policy {params.eviction_policy!r} is not one of {EVICTION_POLICIES}"
             )
-            expected = list(req.last_node.block_ids)
-            n = hit // self.page_size
-            if admission.num_cached_tokens != hit or admission.block_ids[:n].tolist() != expected:
-                self._manager.free(rid)
-                raise RuntimeError(f"request {rid}: its matched prefix was evicted; lock it first")
-            if len(fill) > head:
-                self._manager.append(rid, fill[head:])
-            self._requests[rid] = _Tracked(num_tokens=max(len(fill), head), committed=hit)
-            return self._manager.slot_mapping(rid, hit, len(fill))
+        self.disable: bool = params.disable
+        """Whether prefix sharing is off (``--disable-radix-cache``)."""
+        self.req_to_token_pool = params.req_to_token_pool
+        """SGLang's per-request rows of KV slots."""
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        """SGLang's allocator: owns the pages, frees what this cache gives back."""
+        self.page_size: int = params.page_size
+        """Tokens per page (the block size)."""
+        self.eviction_policy: str = policy
+        """The eviction policy's name."""
+        self.enable_kv_cache_events: bool = params.enable_kv_cache_events and not self.disable
+        """Whether ``take_events`` reports stores and removals."""
+        self.lora_names = params.kv_event_lora_names
+        """SGLang's table of LoRA names for events, by ``extra_key``."""
+        allocator = self.token_to_kv_pool_allocator
+        device = getattr(allocator, "device", "cpu") if allocator is not None else "cpu"
+        self.device = torch.device(device if isinstance(device, (str, torch.device)) else "cpu")
+        """Where match results' KV indices live (the allocator's device)."""
+        num_blocks = (
+            allocator.size // self.page_size + 1
+            if isinstance(getattr(allocator, "size", None), int)
+            else SIMULATED_NUM_BLOCKS
+        )
+        self.cache = PrefixCache(
+            CacheConfig(
+                num_blocks,
+                block_size=self.page_size,
+                eviction=policy,
+                enable_events=self.enable_kv_cache_events,
+                # One seed for every scheduler process: a KV-aware router
+                # sees the same hash for the same prefix on every rank.
+                hash_seed=EVENT_HASH_SEED,
+            )
+        )
+        """The mla_cache prefix index over the allocator's page ids."""
+        self.root_node = PrefixNode(())
+        """The empty prefix."""
+        # The ids the cache holds, for all_values_flatten (PrefixCache lists
+        # none): every insert adds its path, every evict and reset removes.
+        self._cached: set = set()
+        self._offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
+        if params.enable_metrics:
+            self.init_metrics_collector()
 
-    def alloc_decode(self, req: ReqLike) -> Indices:
-        """KV indices for the request's tokens whose KV is not allocated yet
-        (``origin_input_ids + output_ids``, the last sampled token in a decode
-        step). Raises ``OutOfBlocks`` (nothing changed) when they do not fit."""
-        tokens = list(req.origin_input_ids) + list(req.output_ids)
-        with self._lock:
-            return self._extend(req.rid, self._requests[req.rid], tokens)
+    @classmethod
+    def create_simulated(
+        cls,
+        disable: bool = False,
+        mock_allocator: Optional[Any] = None,
+        page_size: int = 1,
+        enable_kv_cache_events: bool = False,
+        **_ignored: Any,
+    ) -> "RadixCache":
+        """A cache without memory pools (SGLang's ``create_simulated``): any
+        block id below :data:`SIMULATED_NUM_BLOCKS` is accepted."""
+        return cls(
+            CacheInitParams(
+                disable=disable,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=mock_allocator,
+                page_size=page_size,
+                enable_kv_cache_events=enable_kv_cache_events,
+            )
+        )
 
-    def available_size(self) -> int:
-        """Tokens of free pages outside the cache (the allocator's
-        ``available_size`` in SGLang). Free cached pages are in
-        ``evictable_size()``; allocation takes them too, evicting, so the sum
-        of the two can be allocated now."""
-        s = self._manager.stats()
-        return int(s["free_blocks"] - s["evictable_blocks"]) * self.page_size
+    # ----- matching and inserting -----
 
-    def cache_unfinished_req(self, req: ReqLike, chunked: bool = False) -> None:
-        """After a prefill step: commits ``req.fill_ids`` so their full pages
-        are shared, sets ``req.prefix_indices`` to their KV indices and moves
-        the request's lock to ``req.last_node``, the node of the committed
-        pages."""
-        rid = req.rid
-        fill = req.fill_ids
-        with self._lock:
-            tracked = self._requests[rid]
-            self._commit(rid, tracked, len(fill))
-            indices = self._manager.slot_mapping(rid, 0, len(fill))
-            aligned = len(fill) // self.page_size * self.page_size
-            if self.disable or aligned == 0:
-                node = self.root_node
-            else:
-                table = self._manager.block_table(rid)[: aligned // self.page_size].tolist()
-                node = PrefixNode(list(fill[:aligned]), req.extra_key, table)
-        self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(node)
-        req.prefix_indices = indices
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """The longest cached prefix of ``params.key`` in whole pages
+        (``device_prefix_len`` tokens) and its node. Takes no lock; refreshes
+        the prefix's recency."""
+        tokens, extra = self._key(params.key)
+        if self.disable or len(tokens) == 0:
+            return self._match_result(0, self.root_node)
+        found = self.cache.match_prefix(tokens, extra_keys=extra)
+        node = PrefixNode(tuple(int(b) for b in found.block_ids))
+        return self._match_result(len(node) * self.page_size, node)
+
+    def touch_prefix(self, key: Any) -> None:
+        """Refreshes the recency of ``key``'s cached pages (a match whose
+        result is dropped)."""
+        self.match_prefix(MatchPrefixParams(key=key))
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """Indexes the full pages of ``params.key`` held at the KV indices
+        ``params.value`` (the key's tokens when ``None``, as in SGLang).
+        ``prefix_len`` is how many leading tokens were cached before; as in
+        SGLang the caller frees its own copies of those pages."""
+        if self.disable:
+            return InsertResult(prefix_len=0)
+        tokens, extra = self._key(params.key)
+        value = (
+            params.value
+            if params.value is not None
+            else torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+        )
+        if len(value) < len(tokens):
+            raise ValueError(f"insert: {len(value)} KV indices for {len(tokens)} tokens")
+        outcome = self._insert(tokens, extra, self._block_ids(value[: len(tokens)]))
+        node = PrefixNode(tuple(int(b) for b in outcome.block_ids))
+        return InsertResult(
+            prefix_len=outcome.num_cached_blocks * self.page_size,
+            total_len=len(tokens),
+            last_device_node=node,
+        )
+
+    def checkpoint(self, req: Any, *, up_to: int, **_kwargs: Any) -> None:
+        """Caches the full pages of the request's first ``up_to`` tokens (its
+        row in ``req_to_token_pool``): frees the request's pages another
+        request cached first, points the row at the cached pages, advances
+        ``req.kv.cache_protected_len`` to the cached length and moves
+        ``req.lock`` / ``req.last_node`` to the new prefix."""
+        if self.disable:
+            return
+        kv = req.kv
+        tokens, extra = self._key_of(req, req.full_untruncated_fill_ids[:up_to])
+        n = len(tokens)
+        row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+        outcome = self._insert(tokens, extra, self._block_ids(row[:n]))
+        self._free_blocks(outcome.duplicate_block_ids)
+        node = PrefixNode(tuple(int(b) for b in outcome.block_ids))
+        start = kv.cache_protected_len
+        if n > start:
+            slots = self.path_device_indices(node)[start:n]
+            self.req_to_token_pool.write((kv.req_pool_idx, slice(start, n)), slots.to(row.dtype))
+        kv.cache_protected_len = max(start, n)
+        kv.cache_inserted_len = max(kv.cache_inserted_len, n)
+        self.unlock(req.lock)
+        req.lock = self.lock(node)
         req.last_node = node
 
-    def cache_finished_req(self, req: ReqLike) -> None:
-        """When a request finishes: commits its computed tokens (all but the
-        last sampled one), frees its blocks tail first (full ones stay cached),
-        frees its row in ``req_to_token_pool`` and drops its lock."""
-        rid = req.rid
-        computed = len(req.origin_input_ids) + len(req.output_ids) - 1
-        with self._lock:
-            self._commit(rid, self._requests.pop(rid), computed)
-            self._manager.free(rid)
-        if self.req_to_token_pool is not None:
-            self.req_to_token_pool.free(req.req_pool_idx)
-        self.dec_lock_ref(req.last_node)
+    # ----- locks -----
 
-    def retract_req(self, req: ReqLike) -> None:
-        """Retracts (preempts) a request: frees its blocks tail first, its
-        committed pages staying cached for its re-admission, and drops its
-        lock. SGLang's ``ScheduleBatch.release_req`` calls this in place of
-        freeing the request's tokens and unlocking its node."""
-        with self._lock:
-            if self._requests.pop(req.rid, None) is not None:
-                self._manager.free(req.rid)
-        self.dec_lock_ref(req.last_node)
+    def inc_lock_ref(self, node: PrefixNode) -> IncLockRefResult:
+        """Locks the node's pages; ``delta`` is minus the tokens that stopped
+        being evictable. Raises if a page is no longer cached."""
+        if self.disable or not node.block_ids:
+            return IncLockRefResult(delta=0)
+        before = self.cache.evictable_blocks
+        self.cache.lock(np.asarray(node.block_ids, dtype=np.int64))
+        return IncLockRefResult(delta=(self.cache.evictable_blocks - before) * self.page_size)
 
-    def evict(self, num_tokens: int) -> None:
-        """Evicts free cached pages until ``num_tokens`` tokens are freed or
-        none is left, as SGLang's ``evict``: they leave the cache and move
-        from ``evictable_size()`` to ``available_size()``. Least recently
-        freed first and tail first; locked pages and pages requests hold are
-        never evicted. Allocation evicts by itself, so SGLang's
-        ``evict``-then-check-``available_size()`` works, and so does not
-        calling this."""
-        if num_tokens > 0:
-            self._manager.evict(-(-num_tokens // self.page_size))
+    def dec_lock_ref(
+        self, node: PrefixNode, params: Optional[DecLockRefParams] = None
+    ) -> DecLockRefResult:
+        """Releases one lock on the node's pages; ``delta`` is the tokens that
+        became evictable."""
+        if self.disable or not node.block_ids:
+            return DecLockRefResult(delta=0)
+        before = self.cache.evictable_blocks
+        self.cache.unlock(np.asarray(node.block_ids, dtype=np.int64))
+        return DecLockRefResult(delta=(self.cache.evictable_blocks - before) * self.page_size)
 
-    def inc_lock_ref(self, node: PrefixNode) -> int:
-        """Locks a prefix: its blocks are neither evicted nor reused until
-        ``dec_lock_ref``. Returns minus the tokens that stopped being
-        evictable. Raises ``RuntimeError`` if the prefix was evicted since
-        it was matched."""
-        if self.disable or len(node) == 0:
-            return 0
-        with self._lock:
-            before = self._manager.num_free_blocks
-            pinned = self._manager.pin(node.token_ids, salt=node.extra_key)
-            if pinned != len(node):
-                if pinned:
-                    self._manager.unpin(node.token_ids, salt=node.extra_key)
-                raise RuntimeError("the prefix was evicted since it was matched")
-            return (self._manager.num_free_blocks - before) * self.page_size
+    # ----- eviction -----
 
-    def dec_lock_ref(self, node: PrefixNode) -> int:
-        """Unlocks a prefix locked by ``inc_lock_ref``; returns the tokens
-        that became evictable."""
-        if self.disable or len(node) == 0:
-            return 0
-        with self._lock:
-            before = self._manager.num_free_blocks
-            self._manager.unpin(node.token_ids, salt=node.extra_key)
-            return (self._manager.num_free_blocks - before) * self.page_size
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evicts unlocked pages until ``params.num_tokens`` tokens are freed
+        or none is left, freeing them through the allocator."""
+        if self.disable or params.num_tokens <= 0:
+            return EvictResult()
+        pages = -(-params.num_tokens // self.page_size)
+        evicted = self.cache.evict(pages)
+        self._cached.difference_update(evicted.tolist())
+        self._free_blocks(evicted)
+        return EvictResult(num_tokens_evicted=len(evicted) * self.page_size)
+
+    # ----- sizes and views -----
 
     def evictable_size(self) -> int:
-        """Tokens of cached pages that neither a request nor a lock holds:
-        what ``evict`` (or allocation) may take, as in SGLang."""
-        return int(self._manager.stats()["evictable_blocks"]) * self.page_size
+        """Tokens of cached pages no lock holds."""
+        return self.cache.evictable_blocks * self.page_size
 
     def protected_size(self) -> int:
-        """Tokens of locked pages."""
-        return int(self._manager.stats()["pinned_blocks"]) * self.page_size
+        """Tokens of cached pages some lock holds."""
+        return self.cache.protected_blocks * self.page_size
 
     def total_size(self) -> int:
-        """Tokens of every cached page (in use or free)."""
-        return int(self._manager.stats()["cached_blocks"]) * self.page_size
+        """Tokens of every cached page."""
+        return int(self.cache.stats()["cached_blocks"]) * self.page_size
 
-    def take_events(self) -> List[KVCacheEvent]:
-        """Events since the last call, oldest first (empty unless
-        ``enable_kv_cache_events``): ``BlockStored`` per committed chain,
-        ``BlockRemoved`` per eviction, ``AllBlocksCleared`` on reset."""
-        return convert(self._manager.take_events(), lambda adapter: (adapter, None))
+    def supports_prefix_sharing(self) -> bool:
+        """Whether prefixes are shared (not ``disable``)."""
+        return not self.disable
 
-    def _empty_match(self) -> MatchResult:
-        """The match of nothing: no indices, the root node."""
-        return MatchResult(np.empty(0, dtype=np.int64), self.root_node, self.root_node)
+    def path_device_indices(self, node: PrefixNode) -> torch.Tensor:
+        """The KV indices (slots) of the node's pages, in order."""
+        blocks = torch.as_tensor(node.block_ids, dtype=torch.int64, device=self.device)
+        return (blocks[:, None] * self.page_size + self._offsets).reshape(-1)
 
-    def _slots(self, block_ids: npt.NDArray[np.int32]) -> Indices:
-        """Every slot of the given blocks, in order."""
-        return (block_ids.astype(np.int64)[:, None] * self.page_size + self._offsets).ravel()
+    def all_values_flatten(self) -> torch.Tensor:
+        """The KV indices of every cached page."""
+        return self.path_device_indices(PrefixNode(tuple(sorted(self._cached))))
 
-    def _extend(self, rid: str, tracked: _Tracked, tokens: Sequence[int]) -> Indices:
-        """Appends a request's tokens past those it holds; returns their slots."""
-        start = tracked.num_tokens
-        if len(tokens) > start:
-            self._manager.append(rid, tokens[start:])
-            tracked.num_tokens = len(tokens)
-        return self._manager.slot_mapping(rid, start, tracked.num_tokens)
+    def dfs_weight_order(self, node_handles: Sequence[PrefixNode]) -> List[int]:
+        """Request indices in SGLang's ``dfs-weight`` order over the prefixes'
+        pages: a depth-first walk taking the page shared by the most requests
+        first, each prefix's requests after those of its extensions."""
+        weight: dict = {}
+        for node in node_handles:
+            for i in range(1, len(node.block_ids) + 1):
+                weight[node.block_ids[:i]] = weight.get(node.block_ids[:i], 0) + 1
 
-    def _commit(self, rid: str, tracked: _Tracked, num_tokens: int) -> None:
-        """Commits up to ``num_tokens`` of a request's allocated tokens."""
-        upto = min(num_tokens, tracked.num_tokens)
-        # Only full pages become shareable: a commit inside a page changes nothing.
-        if upto // self.page_size > tracked.committed // self.page_size:
-            self._manager.commit(rid, upto)
-            tracked.committed = upto
+        def order(i: int) -> Tuple[Tuple[int, int], ...]:
+            ids = node_handles[i].block_ids
+            path = tuple((-weight[ids[: j + 1]], ids[j]) for j in range(len(ids)))
+            return path + ((0, 0),)  # after every extension: weights sort below 0
+
+        return sorted(range(len(node_handles)), key=order)
+
+    def reset(self) -> None:
+        """Forgets every cached page and frees it (SGLang's ``flush_cache``
+        clears the allocator next); reports ``AllBlocksCleared``. Raises
+        while a lock is held (SGLang resets only when idle)."""
+        self._free_blocks(self.cache.reset())
+        self._cached.clear()
+
+    def pretty_print(self) -> None:
+        """Prints the cache's sizes (SGLang calls this when allocation fails)."""
+        print(
+            f"mla_cache prefix cache: #tokens: {self.total_size()} "
+            f"(evictable {self.evictable_size()}, protected {self.protected_size()}, "
+            f"page_size {self.page_size}, policy {self.eviction_policy})"
+        )
+
+    def take_events(self) -> List[Any]:
+        """Stores, removals and resets since the last call, oldest first, as
+        SGLang's own event classes (empty unless events are enabled)."""
+        return [self._event(e) for e in self.cache.take_events()]
+
+    # ----- helpers -----
+
+    def _match_result(self, length: int, node: PrefixNode) -> MatchResult:
+        return MatchResult(
+            device_prefix_len=length,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+        )
+
+    def _key(self, key: Any) -> Tuple[np.ndarray, dict]:
+        """A SGLang ``RadixKey``'s page-aligned tokens (``limit`` applied)
+        and its namespace."""
+        if getattr(key, "is_bigram", False):
+            raise ValueError("mla_cache's SGLang backend does not support EAGLE bigram keys")
+        raw = key.raw_token_ids() if hasattr(key, "raw_token_ids") else key.token_ids
+        return self._aligned(raw), self._namespace(key.extra_key, getattr(key, "cache_salt", None))
+
+    def _key_of(self, req: Any, token_ids: Iterable[int]) -> Tuple[np.ndarray, dict]:
+        """A request's page-aligned tokens and namespace."""
+        return self._aligned(token_ids), self._namespace(req.extra_key, req.cache_salt)
+
+    def _aligned(self, token_ids: Any) -> np.ndarray:
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        return tokens[: len(tokens) // self.page_size * self.page_size]
+
+    @staticmethod
+    def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> dict:
+        """SGLang's ``extra_key`` (LoRA id and more) and ``cache_salt``, each
+        isolating prefixes from the first page."""
+        extra: dict = {}
+        if extra_key is not None:
+            extra["adapter"] = extra_key
+        if cache_salt:
+            extra["salt"] = cache_salt
+        return extra
+
+    def _insert(self, tokens: np.ndarray, extra: dict, block_ids: np.ndarray) -> Any:
+        """``PrefixCache.insert``, remembering the ids now cached."""
+        outcome = self.cache.insert(tokens, block_ids, extra_keys=extra)
+        self._cached.update(outcome.block_ids.tolist())
+        return outcome
+
+    def _block_ids(self, kv_indices: torch.Tensor) -> np.ndarray:
+        """The page id of each full page of a run of KV indices."""
+        return (kv_indices[:: self.page_size] // self.page_size).to("cpu", torch.int64).numpy()
+
+    def _free_blocks(self, block_ids: Any) -> None:
+        """Gives pages back to SGLang's allocator."""
+        ids = np.asarray(block_ids, dtype=np.int64)
+        if len(ids) == 0 or self.token_to_kv_pool_allocator is None:
+            return
+        self.token_to_kv_pool_allocator.free(
+            self.path_device_indices(PrefixNode(tuple(ids.tolist())))
+        )
+
+    def _event(self, event: Any) -> Any:
+        """One mla_cache event as SGLang's event class."""
+        if isinstance(event, BlockStored):
+            extra_key = event.adapter
+            return SglBlockStored(
+                block_hashes=list(event.block_hashes),
+                parent_block_hash=event.parent_block_hash,
+                token_ids=list(event.token_ids),
+                block_size=event.block_size,
+                lora_id=None,
+                medium="GPU",
+                lora_name=self.lora_names.get(extra_key) if extra_key else None,
+            )
+        if isinstance(event, BlockRemoved):
+            return SglBlockRemoved(block_hashes=list(event.block_hashes), medium="GPU")
+        if isinstance(event, AllBlocksCleared):
+            return SglAllBlocksCleared()
+        raise TypeError(f"unknown cache event {event!r}")
+
+
+def _factory(ctx: Any) -> RadixCache:
+    """SGLang's registry calls this to build the cache (a ``TreeCacheBuildContext``)."""
+    if ctx.is_hybrid_swa or ctx.is_hybrid_ssm:
+        raise ValueError("mla_cache's SGLang backend serves full-attention (MLA) models only")
+    if ctx.enable_hierarchical_cache:
+        raise ValueError("mla_cache's SGLang backend does not support --enable-hierarchical-cache")
+    return RadixCache(ctx.params)
+
+
+def register() -> None:
+    """Registers the backend under :data:`BACKEND_NAME` in SGLang's
+    registry (``--radix-cache-backend mla_cache``). Idempotent; SGLang's
+    plug-in loader calls it through the ``sglang.srt.plugins`` entry point."""
+    from sglang.srt.mem_cache.registry import (
+        get_radix_cache_factory,
+        register_radix_cache_backend,
+    )
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, _factory)
