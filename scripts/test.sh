@@ -50,3 +50,6 @@ cargo build --release --features "$features" --bin mla-cache
 echo "== C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 scripts/c-tests.sh --release --features "$features" --valgrind
+
+echo "== vLLM 0.33's real scheduler with the adapter vs its own manager (engine venv, cached)"
+scripts/engine-tests.sh vllm
