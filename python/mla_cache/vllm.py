@@ -516,12 +516,16 @@ class KVCacheManager:
         limit = request.num_tokens - 1
         if max_cache_hit_length is not None:
             limit = min(limit, max_cache_hit_length)
-        if limit < self.block_size:
+        bs = self.block_size
+        if limit < bs:
             return self.empty_kv_cache_blocks, 0, 0
-        found = self._manager.match_prefix(
-            request.all_token_ids[: limit - limit % self.block_size],
-            extra_keys=self._extra_keys(request),
-        )
+        tokens = request.all_token_ids
+        keys = self._extra_keys(request)
+        # A hit starts with the first block: when that one misses (most
+        # requests), no token past it is passed or hashed.
+        if limit >= 2 * bs and self._manager.match_prefix(tokens[:bs], extra_keys=keys).num_tokens == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        found = self._manager.match_prefix(tokens[: limit - limit % bs], extra_keys=keys)
         n = found.num_tokens // self.block_size
         if self.use_eagle and n:
             n -= 1

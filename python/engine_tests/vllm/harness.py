@@ -55,7 +55,7 @@ _MODEL = {
     "num_key_value_heads": 1,
     "head_dim": 64,
     "vocab_size": VOCAB,
-    "max_position_embeddings": 1 << 16,
+    "max_position_embeddings": 1 << 18,
     "torch_dtype": "bfloat16",
     "eos_token_id": EOS,
 }
