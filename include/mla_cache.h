@@ -404,20 +404,6 @@ typedef struct MlaModelGeometry {
 } MlaModelGeometry;
 
 /**
- * A 128-bit block hash as two 64-bit halves (`hash = hi << 64 | lo`).
- */
-typedef struct MlaBlockHash {
-    /**
-     * Low 64 bits.
-     */
-    uint64_t lo;
-    /**
-     * High 64 bits.
-     */
-    uint64_t hi;
-} MlaBlockHash;
-
-/**
  * A token id.
  */
 typedef uint32_t MlaTokenId;
@@ -432,9 +418,10 @@ typedef struct MlaEvent {
      */
     enum MlaEventKind kind;
     /**
-     * Hashes of the stored or removed blocks, in chain order.
+     * External 64-bit hashes (the low 64 bits of the 128-bit chain hash)
+     * of the stored or removed blocks, in chain order.
      */
-    const struct MlaBlockHash *block_hashes;
+    const uint64_t *block_hashes;
     /**
      * Number of `block_hashes`.
      */
@@ -444,9 +431,9 @@ typedef struct MlaEvent {
      */
     bool has_parent;
     /**
-     * BLOCK_STORED: hash of the block before the first one, if `has_parent`.
+     * BLOCK_STORED: external hash of the block before the first one, if `has_parent`.
      */
-    struct MlaBlockHash parent_block_hash;
+    uint64_t parent_block_hash;
     /**
      * BLOCK_STORED: the blocks' tokens, `block_size` per block.
      */

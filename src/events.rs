@@ -1,7 +1,9 @@
-//! Events for KV-aware routers, mirroring vLLM's KV event stream.
+//! Events for KV-aware routers, mirroring vLLM's KV event stream. Block
+//! hashes are the external 64-bit ones ([`BlockHash::external`]).
 
 use std::sync::Arc;
 
+#[cfg(doc)]
 use crate::hash::BlockHash;
 use crate::TokenId;
 
@@ -10,10 +12,10 @@ use crate::TokenId;
 pub enum CacheEvent {
     /// Consecutive blocks of one chain entered the index.
     BlockStored {
-        /// Hashes of the stored blocks, in chain order.
-        block_hashes: Vec<BlockHash>,
-        /// Hash of the block before the first one; `None` for a chain's first block.
-        parent_block_hash: Option<BlockHash>,
+        /// External hashes of the stored blocks, in chain order.
+        block_hashes: Vec<u64>,
+        /// External hash of the block before the first one; `None` for a chain's first block.
+        parent_block_hash: Option<u64>,
         /// The blocks' tokens, `block_size` per block.
         token_ids: Vec<TokenId>,
         /// Tokens per block.
@@ -23,8 +25,8 @@ pub enum CacheEvent {
     },
     /// Blocks left the index (evicted).
     BlockRemoved {
-        /// Hashes of the removed blocks.
-        block_hashes: Vec<BlockHash>,
+        /// External hashes of the removed blocks.
+        block_hashes: Vec<u64>,
     },
     /// The whole prefix cache was reset.
     AllBlocksCleared,

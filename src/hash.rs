@@ -17,8 +17,23 @@ use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
 use crate::TokenId;
 
 /// The 128-bit hash of a full block and its whole prefix.
+///
+/// Inside the library (the prefix index, the lower tiers' keys) blocks are
+/// named by all 128 bits. Every surface that shows a hash to other software
+/// (events, [`BlockManager::block_hashes`](crate::BlockManager::block_hashes),
+/// the C and Python bindings) shows [`BlockHash::external`] instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub u128);
+
+impl BlockHash {
+    /// The 64-bit hash other software sees: the low 64 bits of the 128-bit
+    /// chain hash (`hash as u64`). Routers and engines' msgpack publishers
+    /// take unsigned 64-bit ints; collisions of these never reach the
+    /// library, which keys everything by the full 128 bits.
+    pub fn external(self) -> u64 {
+        self.0 as u64
+    }
+}
 
 /// Keys beyond the token ids that decide whether two blocks may be shared.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,11 +112,6 @@ impl Hasher {
             root,
             block_size,
         }
-    }
-
-    /// The parent of the first block.
-    pub(crate) fn root(&self) -> BlockHash {
-        self.root
     }
 
     pub(crate) fn digest(&self, keys: &ExtraKeys) -> KeyDigest {
@@ -242,5 +252,11 @@ mod tests {
         assert_eq!(img[0], base[0], "image starts in block 1");
         assert_ne!(img[1], base[1]);
         assert_ne!(img[1], chain(&h, &tokens, &image("dog"))[1]);
+    }
+
+    #[test]
+    fn the_external_hash_is_the_low_64_bits() {
+        let h = BlockHash(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        assert_eq!(h.external(), 0xfedc_ba98_7654_3210);
     }
 }

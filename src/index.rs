@@ -116,6 +116,23 @@ impl PrefixIndex {
         run
     }
 
+    /// The block indexed under `hash` in `shard`, if any, and whether it
+    /// holds `tokens` (true when no tokens are given or kept).
+    pub(crate) fn get(
+        &self,
+        shard: u8,
+        hash: BlockHash,
+        tokens: Option<&[TokenId]>,
+    ) -> Option<(BlockId, bool)> {
+        let shard = self.shards[shard as usize].read();
+        let entry = shard.get(&hash)?;
+        let same = match (&entry.tokens, tokens) {
+            (Some(have), Some(want)) => **have == *want,
+            _ => true,
+        };
+        Some((entry.block, same))
+    }
+
     /// Indexes `block` under `hash` unless another block already is; returns
     /// whether it was inserted.
     pub(crate) fn insert(

@@ -7,6 +7,8 @@
 //! - [`BlockManager`]: block allocation, prefix sharing by chained block
 //!   hashes, copy-on-write for forked sequences, pinning and eviction;
 //!   thread-safe (`Send + Sync`);
+//! - [`PrefixCache`]: the same prefix cache over block ids the caller
+//!   allocates (SGLang's model), which `BlockManager` is built on;
 //! - [`codec`] and [`store`]: the latent storage formats (`bf16`,
 //!   `fp8_ds_mla`, `mxfp6`) and stores on host and GPU memory;
 //! - [`tier`]: a host-memory tier and a remote tier shared by a fleet
@@ -51,6 +53,7 @@ mod hash;
 mod index;
 mod manager;
 mod policy;
+mod prefix_cache;
 #[cfg(feature = "python")]
 mod python;
 pub mod sim;
@@ -63,8 +66,9 @@ pub use config::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};
-pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager, PrefixMatch};
+pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager};
 pub use policy::{EvictionPolicy, Retention};
+pub use prefix_cache::{Insertion, PrefixCache, PrefixMatch};
 pub use stats::CacheStats;
 
 /// Index of a physical block, `0..num_blocks`, the same in every layer.

@@ -510,7 +510,7 @@ fn prefix_caching_off_shares_nothing() {
     ok(&m);
 }
 
-fn removed_hashes(m: &BlockManager) -> Vec<mla_cache::BlockHash> {
+fn removed_hashes(m: &BlockManager) -> Vec<u64> {
     m.take_events()
         .into_iter()
         .filter_map(|e| match e {
@@ -828,4 +828,60 @@ fn blocks_dropped_in_use_are_not_offered_to_lower_tiers() {
     assert!(b.block_ids.contains(&a.block_ids[1]));
     assert_eq!(m.computed_blocks(2, 0).unwrap().len(), 3);
     ok(&m);
+}
+
+/// External hashes of `7..19` (three blocks of 4) under seed 42; the C and
+/// Python tests assert the same values, so every surface derives them alike.
+const EXTERNAL_7_TO_19: [u64; 3] = [
+    5_565_884_646_872_614_745,
+    11_616_947_711_106_753_066,
+    6_371_776_174_528_016_060,
+];
+
+#[test]
+fn events_and_block_hashes_show_the_same_external_hashes() {
+    let m = manager_with(8, |c| c.enable_events = true);
+    let prompt = toks(7..19);
+    let chain = m.chain_hashes(&prompt, &ExtraKeys::default());
+    let external = m.block_hashes(&prompt, &ExtraKeys::default());
+    assert_eq!(
+        external,
+        chain.iter().map(|h| h.external()).collect::<Vec<_>>()
+    );
+    assert!(chain.iter().all(|h| h.external() == h.0 as u64));
+    assert_eq!(external, EXTERNAL_7_TO_19);
+    let a = m.admit(1, &toks(7..20), &AdmitOptions::default()).unwrap();
+    let ev = m.take_events();
+    assert_eq!(
+        ev,
+        vec![CacheEvent::BlockStored {
+            block_hashes: external.clone(),
+            parent_block_hash: None,
+            token_ids: prompt.clone(),
+            block_size: BS,
+            adapter: None,
+        }]
+    );
+    let pairs: Vec<_> = external.iter().copied().zip(a.block_ids.clone()).collect();
+    assert_eq!(m.computed_blocks(1, 0).unwrap(), pairs);
+    m.append(1, &toks(20..23)).unwrap();
+    let CacheEvent::BlockStored {
+        parent_block_hash, ..
+    } = &m.take_events()[0]
+    else {
+        panic!("a fourth block is stored");
+    };
+    assert_eq!(*parent_block_hash, Some(external[2]));
+    m.set_eviction_log(true);
+    m.free(1).unwrap();
+    m.admit(2, &toks(100..132), &AdmitOptions::default())
+        .unwrap(); // evicts all four
+    let evicted = m.take_evicted();
+    assert_eq!(evicted.len(), 4);
+    assert_eq!(
+        evicted.iter().map(|&(h, _)| h).collect::<Vec<_>>(),
+        removed_hashes(&m),
+        "the log and the events name blocks alike"
+    );
+    assert!(pairs.iter().all(|p| evicted.contains(p)));
 }

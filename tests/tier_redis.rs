@@ -387,7 +387,7 @@ fn damaged_values_on_the_server_are_rejected() {
     assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
     let hash = a
         .manager()
-        .block_hashes(&prompt(7, PROMPT), &ExtraKeys::default())[0];
+        .chain_hashes(&prompt(7, PROMPT), &ExtraKeys::default())[0];
     let key = format!("{}{:032x}", format().key_prefix(&namespace), hash.0);
     let mut conn = redis::Client::open(s.single.as_str())
         .unwrap()

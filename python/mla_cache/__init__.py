@@ -9,6 +9,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
   hashes, copy-on-write for forked requests, pinning, and eviction by LRU
   (the default), ARC, residency or ``"adaptive"`` (ARC or residency, chosen
   online); thread-safe.
+- :class:`PrefixCache`: the same prefix cache over block ids the caller
+  allocates and frees (SGLang's model): insert, match, lock, evict.
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in
   ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
   block copies, and zero-copy access (numpy views, DLPack, raw pointers).
@@ -55,11 +57,13 @@ from ._native import (
     CacheConfig,
     CacheEvent,
     ExtraKeys,
+    Insertion,
     LatentStore,
     LayerBuffer,
     MultiModalKey,
     OutOfBlocks,
     PinBudgetExceeded,
+    PrefixCache,
     PrefixMatch,
     StorageError,
     TierHits,
@@ -77,11 +81,13 @@ __all__ = [
     "CacheConfig",
     "CacheEvent",
     "ExtraKeys",
+    "Insertion",
     "LatentStore",
     "LayerBuffer",
     "MultiModalKey",
     "OutOfBlocks",
     "PinBudgetExceeded",
+    "PrefixCache",
     "PrefixMatch",
     "StorageError",
     "TierHits",

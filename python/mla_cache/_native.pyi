@@ -198,7 +198,7 @@ class Admission:
 
 @final
 class PrefixMatch:
-    """The outcome of ``BlockManager.match_prefix``."""
+    """The outcome of ``BlockManager.match_prefix`` and ``PrefixCache.match_prefix``."""
 
     @property
     def block_ids(self) -> npt.NDArray[np.int32]:
@@ -227,10 +227,12 @@ class BlockStored(CacheEvent):
 
     @property
     def block_hashes(self) -> list[int]:
-        """Hashes of the stored blocks, in chain order (128-bit ints)."""
+        """External hashes of the stored blocks, in chain order (64-bit ints:
+        the low 64 bits of the 128-bit chain hash)."""
     @property
     def parent_block_hash(self) -> Optional[int]:
-        """Hash of the block before the first one; ``None`` for a chain's root."""
+        """External hash of the block before the first one; ``None`` for a
+        chain's root."""
     @property
     def token_ids(self) -> list[int]:
         """The blocks' token ids, ``block_size`` per block."""
@@ -247,7 +249,7 @@ class BlockRemoved(CacheEvent):
 
     @property
     def block_hashes(self) -> list[int]:
-        """Hashes of the removed blocks (128-bit ints)."""
+        """External hashes of the removed blocks (64-bit ints)."""
 
 @final
 class AllBlocksCleared(CacheEvent):
@@ -322,6 +324,87 @@ class BlockManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use."""
+    def _check_invariants(self) -> None:
+        """Checks every bookkeeping invariant (for tests); raises ``AssertionError``."""
+
+BlockIds = Union[Iterable[int], npt.NDArray[np.integer[Any]]]
+"""Block ids: any iterable of ints or a numpy array of any integer dtype."""
+
+@final
+class Insertion:
+    """The outcome of ``PrefixCache.insert``."""
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Leading full blocks that were cached before the call."""
+    @property
+    def duplicate_block_ids(self) -> npt.NDArray[np.int32]:
+        """The caller's ids whose block was already cached under another id: free them."""
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]:
+        """The id now cached for each full block."""
+
+@final
+class PrefixCache:
+    """A prefix cache over block ids the caller allocates and frees (SGLang's
+    model): ``insert`` indexes full blocks and reports duplicates to free,
+    ``match_prefix`` finds the cached prefix, ``lock`` protects blocks,
+    ``evict`` hands back unlocked blocks to free by the eviction policy.
+    Thread-safe; a failing call raises and changes nothing."""
+
+    def __init__(self, config: CacheConfig) -> None: ...
+    @property
+    def config(self) -> CacheConfig:
+        """The configuration."""
+    def insert(
+        self,
+        tokens: TokenIds,
+        block_ids: BlockIds,
+        *,
+        extra_keys: ExtraKeysLike = None,
+        salt: Optional[str] = None,
+    ) -> Insertion:
+        """Indexes the full blocks of ``tokens`` held in ``block_ids`` (one per
+        block; a partial tail's id is ignored); cached blocks keep their ids and
+        the caller's duplicates are returned to free. ``ValueError`` for too
+        few ids, an id given twice, outside the cache or cached under another hash."""
+    def match_prefix(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> PrefixMatch:
+        """The longest cached prefix of ``tokens``; the path counts as just used."""
+    def lock(self, block_ids: BlockIds) -> None:
+        """Locks blocks (SGLang's ``inc_lock_ref``): never evicted while locked."""
+    def unlock(self, block_ids: BlockIds) -> None:
+        """Releases one lock per block; ``ValueError`` for more unlocks than locks."""
+    def evict(self, num_blocks: int) -> npt.NDArray[np.int32]:
+        """Evicts up to ``num_blocks`` unlocked cached blocks (under LRU, children
+        before parents); returns their ids for the caller to free."""
+    @property
+    def evictable_blocks(self) -> int:
+        """Cached blocks nobody locks (SGLang's ``evictable_size``, in blocks)."""
+    @property
+    def protected_blocks(self) -> int:
+        """Cached blocks held by a lock or a pin (SGLang's ``protected_size``, in blocks)."""
+    def reset(self) -> npt.NDArray[np.int32]:
+        """Drops every cached block; returns their ids to free. ``RuntimeError``
+        while any block is locked or pinned."""
+    def pin(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> int:
+        """Pins the cached full blocks of a prefix; returns the tokens pinned."""
+    def unpin(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> int:
+        """Releases the pin lying deepest on a prefix; returns the tokens unpinned."""
+    def block_hashes(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> list[int]:
+        """External (64-bit) hashes of the full blocks of ``tokens``, as events carry them."""
+    def stats(self) -> dict[str, Union[int, float]]:
+        """Gauges and counters named as ``BlockManager.stats``; ``free_blocks``,
+        ``used_blocks``, ``num_requests`` and ``cow_copies`` are 0."""
+    def take_events(self) -> list[CacheEvent]:
+        """Events recorded since the last call, oldest first."""
     def _check_invariants(self) -> None:
         """Checks every bookkeeping invariant (for tests); raises ``AssertionError``."""
 

@@ -4,8 +4,9 @@ vLLM (``vllm.distributed.kv_events``) and SGLang publish ``BlockStored``,
 ``BlockRemoved`` and ``AllBlocksCleared`` with the fields below. The engine
 adapters (:mod:`mla_cache.vllm`, :mod:`mla_cache.sglang`) translate the block
 manager's own events into these, so a router written for the engine reads
-them unchanged. Block hashes are mla_cache's (128-bit ints from a seeded
-xxh3 chain), not the engine's.
+them unchanged. Block hashes are mla_cache's external hashes (the low 64
+bits of its seeded 128-bit xxh3 chain: unsigned 64-bit ints, which the
+engines' msgpack publishers can send), not the engine's.
 """
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ def test_events_mirror_vllm(manager):
     (stored,) = manager.take_events()
     assert isinstance(stored, mla_cache.BlockStored) and isinstance(stored, mla_cache.CacheEvent)
     assert len(stored.block_hashes) == 2 and stored.parent_block_hash is None
-    assert all(isinstance(h, int) and 0 <= h < 2**128 for h in stored.block_hashes)
+    assert all(isinstance(h, int) and 0 <= h < 2**64 for h in stored.block_hashes)
     assert stored.token_ids == toks(0, 8) and stored.block_size == 4 and stored.adapter == "a"
     assert manager.take_events() == []
     manager.append(1, toks(9, 12))
@@ -290,6 +290,25 @@ def test_events_mirror_vllm(manager):
     )
     assert manager.stats()["evictions"] == 3
     assert "BlockStored(" in repr(stored)
+
+
+def test_event_hashes_are_the_external_64_bit_ones():
+    # The same prompt and seed as the Rust and C tests: the same values.
+    manager = mla_cache.BlockManager(small_config(8, hash_seed=42, enable_events=True))
+    manager.admit(1, toks(7, 20))
+    manager.append(1, toks(20, 23))
+    stored, more = manager.take_events()
+    assert stored.block_hashes == [
+        5565884646872614745,
+        11616947711106753066,
+        6371776174528016060,
+    ]
+    assert more.parent_block_hash == stored.block_hashes[2] and more.block_hashes[0] < 2**64
+    manager.free(1)
+    manager.admit(2, toks(100, 132))  # evicts all four
+    events = manager.take_events()
+    removed = [h for e in events if isinstance(e, mla_cache.BlockRemoved) for h in e.block_hashes]
+    assert sorted(removed) == sorted(stored.block_hashes + more.block_hashes)
 
 
 def test_reset_prefix_cache(manager):

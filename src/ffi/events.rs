@@ -4,26 +4,7 @@ use std::ffi::{c_char, CString};
 
 use super::manager::{MlaManager, MANAGERS};
 use super::{guard, Failure, MlaStatus, MlaTokenId, Out, Registry};
-use crate::{BlockHash, CacheEvent};
-
-/// A 128-bit block hash as two 64-bit halves (`hash = hi << 64 | lo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaBlockHash {
-    /// Low 64 bits.
-    pub lo: u64,
-    /// High 64 bits.
-    pub hi: u64,
-}
-
-impl From<BlockHash> for MlaBlockHash {
-    fn from(h: BlockHash) -> Self {
-        Self {
-            lo: h.0 as u64,
-            hi: (h.0 >> 64) as u64,
-        }
-    }
-}
+use crate::CacheEvent;
 
 /// What an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,14 +25,15 @@ pub enum MlaEventKind {
 pub struct MlaEvent {
     /// What happened; decides which fields are meaningful.
     pub kind: MlaEventKind,
-    /// Hashes of the stored or removed blocks, in chain order.
-    pub block_hashes: *const MlaBlockHash,
+    /// External 64-bit hashes (the low 64 bits of the 128-bit chain hash)
+    /// of the stored or removed blocks, in chain order.
+    pub block_hashes: *const u64,
     /// Number of `block_hashes`.
     pub num_block_hashes: usize,
     /// BLOCK_STORED: whether the first stored block has a parent.
     pub has_parent: bool,
-    /// BLOCK_STORED: hash of the block before the first one, if `has_parent`.
-    pub parent_block_hash: MlaBlockHash,
+    /// BLOCK_STORED: external hash of the block before the first one, if `has_parent`.
+    pub parent_block_hash: u64,
     /// BLOCK_STORED: the blocks' tokens, `block_size` per block.
     pub token_ids: *const MlaTokenId,
     /// Number of `token_ids`.
@@ -65,8 +47,8 @@ pub struct MlaEvent {
 /// One event's owned data.
 struct Owned {
     kind: MlaEventKind,
-    hashes: Vec<MlaBlockHash>,
-    parent: Option<MlaBlockHash>,
+    hashes: Vec<u64>,
+    parent: Option<u64>,
     tokens: Vec<MlaTokenId>,
     block_size: usize,
     adapter: Option<CString>,
@@ -81,7 +63,6 @@ pub struct MlaEventList {
 static EVENT_LISTS: Registry<MlaEventList> = Registry::new("MlaEventList");
 
 fn own(event: CacheEvent) -> Owned {
-    let hashes = |h: Vec<BlockHash>| h.into_iter().map(MlaBlockHash::from).collect();
     match event {
         CacheEvent::BlockStored {
             block_hashes,
@@ -91,8 +72,8 @@ fn own(event: CacheEvent) -> Owned {
             adapter,
         } => Owned {
             kind: MlaEventKind::BlockStored,
-            hashes: hashes(block_hashes),
-            parent: parent_block_hash.map(MlaBlockHash::from),
+            hashes: block_hashes,
+            parent: parent_block_hash,
             tokens: token_ids,
             block_size,
             // Adapter names reach the manager as C strings here, so they hold no NUL.
@@ -100,7 +81,7 @@ fn own(event: CacheEvent) -> Owned {
         },
         CacheEvent::BlockRemoved { block_hashes } => Owned {
             kind: MlaEventKind::BlockRemoved,
-            hashes: hashes(block_hashes),
+            hashes: block_hashes,
             parent: None,
             tokens: Vec::new(),
             block_size: 0,
@@ -186,7 +167,7 @@ pub unsafe extern "C" fn mla_event_list_get(
                 block_hashes: e.hashes.as_ptr(),
                 num_block_hashes: e.hashes.len(),
                 has_parent: e.parent.is_some(),
-                parent_block_hash: e.parent.unwrap_or(MlaBlockHash { lo: 0, hi: 0 }),
+                parent_block_hash: e.parent.unwrap_or(0),
                 token_ids: e.tokens.as_ptr(),
                 num_token_ids: e.tokens.len(),
                 block_size: e.block_size,

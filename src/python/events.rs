@@ -1,5 +1,6 @@
 //! Cache events for KV-aware routers, mirroring vLLM's `BlockStored`,
-//! `BlockRemoved` and `AllBlocksCleared`. Block hashes are 128-bit ints.
+//! `BlockRemoved` and `AllBlocksCleared`. Block hashes are the external
+//! 64-bit ones (the low 64 bits of the 128-bit chain hash).
 
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -15,12 +16,12 @@ pub struct CacheEvent;
 #[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
 #[derive(PartialEq, Eq)]
 pub struct BlockStored {
-    /// Hashes of the stored blocks, in chain order (128-bit ints).
+    /// External hashes of the stored blocks, in chain order (64-bit ints).
     #[pyo3(get)]
-    block_hashes: Vec<u128>,
-    /// Hash of the block before the first one; ``None`` for a chain's root.
+    block_hashes: Vec<u64>,
+    /// External hash of the block before the first one; ``None`` for a chain's root.
     #[pyo3(get)]
-    parent_block_hash: Option<u128>,
+    parent_block_hash: Option<u64>,
     token_ids: Vec<u32>,
     /// Tokens per block.
     #[pyo3(get)]
@@ -58,9 +59,9 @@ impl BlockStored {
 #[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
 #[derive(PartialEq, Eq)]
 pub struct BlockRemoved {
-    /// Hashes of the removed blocks (128-bit ints).
+    /// External hashes of the removed blocks (64-bit ints).
     #[pyo3(get)]
-    block_hashes: Vec<u128>,
+    block_hashes: Vec<u64>,
 }
 
 #[pymethods]
@@ -85,6 +86,15 @@ impl AllBlocksCleared {
     }
 }
 
+/// The Python objects of `events`, oldest first.
+pub(crate) fn to_py_list(py: Python<'_>, events: Vec<Event>) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for e in events {
+        list.append(to_py(py, e)?)?;
+    }
+    Ok(list)
+}
+
 /// The Python object of one event.
 pub(crate) fn to_py(py: Python<'_>, event: Event) -> PyResult<Bound<'_, PyAny>> {
     let base = PyClassInitializer::from(CacheEvent);
@@ -98,21 +108,17 @@ pub(crate) fn to_py(py: Python<'_>, event: Event) -> PyResult<Bound<'_, PyAny>> 
         } => Bound::new(
             py,
             base.add_subclass(BlockStored {
-                block_hashes: block_hashes.iter().map(|h| h.0).collect(),
-                parent_block_hash: parent_block_hash.map(|h| h.0),
+                block_hashes,
+                parent_block_hash,
                 token_ids,
                 block_size,
                 adapter: adapter.map(|a| a.to_string()),
             }),
         )?
         .into_any(),
-        Event::BlockRemoved { block_hashes } => Bound::new(
-            py,
-            base.add_subclass(BlockRemoved {
-                block_hashes: block_hashes.iter().map(|h| h.0).collect(),
-            }),
-        )?
-        .into_any(),
+        Event::BlockRemoved { block_hashes } => {
+            Bound::new(py, base.add_subclass(BlockRemoved { block_hashes }))?.into_any()
+        }
         Event::AllBlocksCleared => Bound::new(py, base.add_subclass(AllBlocksCleared))?.into_any(),
     })
 }

@@ -14,6 +14,7 @@ use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
 use super::request_ids::{self, Key, RequestIds};
+use super::stats;
 use crate::{manager, AdmitOptions, Error, TokenId};
 
 /// Calls hashing at least this many tokens release the GIL.
@@ -56,7 +57,7 @@ impl BlockManager {
 }
 
 /// Runs `f`, without the GIL when it hashes `n` tokens or more.
-fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
+pub(crate) fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
     if n >= DETACH_MIN_TOKENS {
         py.detach(f)
     } else {
@@ -306,36 +307,14 @@ impl BlockManager {
     /// blocks, what eviction may take) (ints), ``usage`` and ``hit_rate``
     /// (floats in ``[0, 1]``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
-        let d = PyDict::new(py);
-        d.set_item("num_blocks", s.num_blocks)?;
-        d.set_item("free_blocks", s.free_blocks)?;
-        d.set_item("used_blocks", s.used_blocks)?;
-        d.set_item("cached_blocks", s.cached_blocks)?;
-        d.set_item("pinned_blocks", s.pinned_blocks)?;
-        d.set_item("num_requests", s.num_requests)?;
-        d.set_item("prefix_query_tokens", s.prefix_query_tokens)?;
-        d.set_item("prefix_hit_tokens", s.prefix_hit_tokens)?;
-        d.set_item("prefix_query_requests", s.prefix_query_requests)?;
-        d.set_item("prefix_hit_requests", s.prefix_hit_requests)?;
-        d.set_item("evictions", s.evictions)?;
-        d.set_item("cow_copies", s.cow_copies)?;
-        d.set_item("blocks_stored", s.blocks_stored)?;
-        d.set_item("evictable_blocks", s.evictable_blocks)?;
-        d.set_item("usage", s.usage())?;
-        d.set_item("hit_rate", s.hit_rate())?;
-        Ok(d)
+        stats::to_dict(py, &self.inner.stats())
     }
 
     /// Events recorded since the last call, oldest first: ``BlockStored``,
     /// ``BlockRemoved`` and ``AllBlocksCleared`` (empty unless the config
     /// sets ``enable_events``).
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let list = PyList::empty(py);
-        for e in self.inner.take_events() {
-            list.append(events::to_py(py, e)?)?;
-        }
-        Ok(list)
+        events::to_py_list(py, self.inner.take_events())
     }
 
     /// Drops every cached block from the prefix index. Returns ``False``

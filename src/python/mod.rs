@@ -12,7 +12,9 @@ mod ints;
 mod layer_buffer;
 mod manager;
 mod outcomes;
+mod prefix_cache;
 mod request_ids;
+mod stats;
 mod store;
 mod tensors;
 mod tier;
@@ -33,6 +35,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<outcomes::Admission>()?;
     m.add_class::<outcomes::PrefixMatch>()?;
     m.add_class::<outcomes::AppendOutcome>()?;
+    m.add_class::<prefix_cache::PrefixCache>()?;
+    m.add_class::<outcomes::Insertion>()?;
     m.add_class::<tier::TieredCache>()?;
     m.add_class::<tier_outcomes::TieredAdmission>()?;
     m.add_class::<tier_outcomes::TierHits>()?;

@@ -1,4 +1,5 @@
-//! Results of manager calls: `Admission`, `PrefixMatch`, `AppendOutcome`.
+//! Results of manager and prefix-cache calls: `Admission`, `PrefixMatch`,
+//! `AppendOutcome`, `Insertion`.
 //! Block ids are numpy int32 arrays built from Rust vectors without copies.
 
 use numpy::PyArray1;
@@ -53,7 +54,7 @@ impl Admission {
     }
 }
 
-/// The outcome of ``BlockManager.match_prefix``.
+/// The outcome of ``BlockManager.match_prefix`` and ``PrefixCache.match_prefix``.
 #[pyclass(frozen, module = "mla_cache")]
 pub struct PrefixMatch {
     /// Cached blocks of the longest cached prefix (numpy int32).
@@ -115,5 +116,42 @@ impl AppendOutcome {
             array_repr(py, &self.new_block_ids),
             self.copies.bind(py).repr()?
         ))
+    }
+}
+
+/// The outcome of ``PrefixCache.insert``.
+#[pyclass(frozen, module = "mla_cache")]
+pub struct Insertion {
+    /// Leading full blocks that were cached before the call.
+    #[pyo3(get)]
+    num_cached_blocks: usize,
+    /// The caller's ids whose block was already cached under another id:
+    /// free them (numpy int32).
+    #[pyo3(get)]
+    duplicate_block_ids: Py<PyArray1<i32>>,
+    /// The id now cached for each full block (numpy int32).
+    #[pyo3(get)]
+    block_ids: Py<PyArray1<i32>>,
+}
+
+impl Insertion {
+    pub(crate) fn new(py: Python<'_>, i: crate::Insertion) -> Self {
+        Self {
+            num_cached_blocks: i.num_cached_blocks,
+            duplicate_block_ids: block_array(py, i.duplicate_block_ids),
+            block_ids: block_array(py, i.block_ids),
+        }
+    }
+}
+
+#[pymethods]
+impl Insertion {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Insertion(num_cached_blocks={}, duplicate_block_ids={}, block_ids={})",
+            self.num_cached_blocks,
+            array_repr(py, &self.duplicate_block_ids),
+            array_repr(py, &self.block_ids)
+        )
     }
 }

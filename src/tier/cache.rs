@@ -244,7 +244,7 @@ impl TieredCache {
                 ..TierHits::default()
             };
         }
-        let hashes = self.manager.block_hashes(tokens, keys);
+        let hashes = self.manager.chain_hashes(tokens, keys);
         let l2 = self
             .host
             .as_ref()
@@ -292,12 +292,12 @@ impl TieredCache {
         let admission = {
             let _alloc = self.alloc.lock();
             let a = self.manager.admit(id, tokens, &chunked);
-            let evicted = self.manager.take_evicted();
+            let evicted = self.manager.take_evicted_chain();
             drop(_alloc);
             self.on_evicted(&evicted);
             a?
         };
-        let hashes = self.manager.block_hashes(tokens, &opts.keys);
+        let hashes = self.manager.chain_hashes(tokens, &opts.keys);
         let limit = if config.cap_hit_at_last_token {
             (tokens.len() - 1) / bs
         } else {
@@ -383,7 +383,7 @@ impl TieredCache {
         let outcome = {
             let _alloc = self.alloc.lock();
             let out = self.manager.append(id, tokens);
-            let evicted = self.manager.take_evicted();
+            let evicted = self.manager.take_evicted_chain();
             drop(_alloc);
             self.on_evicted(&evicted);
             out?
@@ -521,7 +521,7 @@ impl TieredCache {
         if settled <= written {
             return Ok(());
         }
-        let mut fresh = self.manager.computed_blocks(id, written)?;
+        let mut fresh = self.manager.computed_chain(id, written)?;
         fresh.truncate(settled - written);
         if fresh.is_empty() {
             return Ok(());

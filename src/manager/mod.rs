@@ -1,0 +1,628 @@
+//! The block manager: who holds which block, which blocks are shared, and
+//! which are reused next.
+//!
+//! ```text
+//!            admit / append / fork                      free (tail first)
+//!   free ───────────────────────────────▶ in use ───────────────────────────▶ free
+//!    │  unhashed list (reused first)       ref_count > 0                       │
+//!    │  policy's evictable set (cached)    full computed blocks indexed        │
+//!    └──────────── a prefix hit revives a cached free block ◀──────────────────┘
+//! ```
+//!
+//! The prefix cache (`crate::prefix_cache`: index, policy, pins, events)
+//! is the one `PrefixCache` uses too; this module adds the pool (`pool.rs`)
+//! and the requests on top. The rules are in `docs/semantics.md`.
+//!
+//! Ownership rules:
+//! - a block is free (no table and no pin holds it, in exactly one of the
+//!   unhashed list and the policy's evictable set) or in use;
+//! - only full, computed blocks are hashed; a hashed block is in the prefix
+//!   index, and no two blocks are indexed under one hash (a duplicate stays
+//!   unhashed and is freed as such);
+//! - full blocks are immutable; a shared partial tail is copied on write;
+//! - room reserved past a request's tokens is private and unhashed.
+
+mod invariants;
+mod outcomes;
+mod pool;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+pub use self::outcomes::{Admission, AdmitOptions, AppendOutcome, BlockCopy};
+pub use crate::prefix_cache::PrefixMatch;
+
+use self::pool::Pool;
+use crate::config::CacheConfig;
+use crate::error::{Error, Result};
+use crate::events::CacheEvent;
+use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
+use crate::policy::{self, EvictionPolicy, Retention};
+use crate::prefix_cache::{CacheState, Prefixes};
+use crate::stats::CacheStats;
+use crate::sync::Mutex;
+use crate::{BlockId, RequestId, TokenId};
+
+/// A paged MLA cache's bookkeeping: allocation, prefix sharing,
+/// copy-on-write, pinning and eviction. `Send + Sync`: share it with `Arc`.
+///
+/// Every failing call returns an [`Error`] and changes nothing.
+#[derive(Debug)]
+pub struct BlockManager {
+    config: CacheConfig,
+    prefixes: Prefixes,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    tokens: Vec<TokenId>,
+    blocks: Vec<BlockId>,
+    /// Hashes of the leading full computed blocks (indexed or duplicate).
+    hashes: Vec<BlockHash>,
+    num_computed: usize,
+    chunked: bool,
+    /// How the blocks it stores are kept, as the policy decided at admission.
+    retention: Retention,
+    keys: Arc<KeyDigest>,
+}
+
+/// Everything under the manager's lock, in parts that calls borrow apart:
+/// a request from `requests` while `pool` and `cache` change.
+#[derive(Debug)]
+struct State {
+    cache: CacheState,
+    pool: Pool,
+    requests: FxHashMap<RequestId, Request>,
+}
+
+impl BlockManager {
+    /// A manager for `config`, with the policy the config names.
+    pub fn new(config: CacheConfig) -> Result<Self> {
+        config.validate()?;
+        let policy = policy::build(config.eviction, config.num_blocks);
+        Self::with_policy(config, policy)
+    }
+
+    /// A manager with a caller-supplied eviction policy.
+    pub fn with_policy(config: CacheConfig, policy: Box<dyn EvictionPolicy>) -> Result<Self> {
+        config.validate()?;
+        let n = config.num_blocks;
+        let mut cache = CacheState::new(n, policy)?;
+        cache.stats.num_blocks = n as u64;
+        let state = State {
+            cache,
+            pool: Pool::new(n),
+            requests: FxHashMap::default(),
+        };
+        Ok(Self {
+            prefixes: Prefixes::new(&config),
+            config,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.block_size)
+    }
+
+    /// Hashes of the full blocks of `tokens` under `keys` (none without prefix caching).
+    fn chain(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<BlockHash> {
+        self.prefixes
+            .chain(tokens, &self.prefixes.hasher.digest(keys))
+    }
+
+    /// Admits request `id` with its prompt `tokens`, reusing the longest
+    /// cached prefix (capped at `len - 1` tokens by default) and reserving
+    /// `opts.decode_slots` more slots. All or nothing: it holds exactly
+    /// `ceil((len + decode_slots) / block_size)` blocks, or fails with
+    /// [`Error::OutOfBlocks`] (fits later) or [`Error::RequestTooLarge`]
+    /// (never fits) and changes nothing.
+    pub fn admit(
+        &self,
+        id: RequestId,
+        tokens: &[TokenId],
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyInput(
+                "a request needs at least one prompt token",
+            ));
+        }
+        let slots = tokens
+            .len()
+            .checked_add(opts.decode_slots)
+            .ok_or_else(|| Error::InvalidArgument("prompt + decode slots overflow".into()))?;
+        let needed = self.blocks_for(slots);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let keys = self.prefixes.hasher.digest(&opts.keys);
+        let hashes = self.prefixes.chain(tokens, &keys);
+        let bs = self.config.block_size;
+        let hit_limit = if self.config.cap_hit_at_last_token {
+            (tokens.len() - 1) / bs
+        } else {
+            hashes.len()
+        };
+
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st.requests.contains_key(&id) {
+            return Err(Error::DuplicateRequest(id));
+        }
+        let hits = self.prefixes.lookup(tokens, &hashes, hit_limit);
+        let reviving = hits.iter().filter(|&&b| st.cache.is_evictable(b)).count();
+        let fresh = needed - hits.len();
+        let available = st.pool.num_free(&st.cache) - reviving;
+        if fresh > available {
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available,
+            });
+        }
+
+        let retention = st.cache.policy.on_request(&hashes, hits.len());
+        let mut blocks = Vec::with_capacity(needed);
+        for &b in &hits {
+            st.pool.acquire(&mut st.cache, b);
+            st.cache.policy.on_hit(b);
+            blocks.push(b);
+        }
+        for _ in 0..fresh {
+            blocks.push(st.pool.allocate(&self.prefixes, &mut st.cache));
+        }
+        let cached = hits.len() * bs;
+        let stats = &mut st.cache.stats;
+        stats.prefix_query_tokens += tokens.len() as u64;
+        stats.prefix_hit_tokens += cached as u64;
+        stats.prefix_query_requests += 1;
+        stats.prefix_hit_requests += u64::from(cached > 0);
+        stats.num_requests += 1;
+
+        let num_computed = if opts.chunked_prefill {
+            cached
+        } else {
+            tokens.len()
+        };
+        let mut request = Request {
+            tokens: tokens.to_vec(),
+            blocks,
+            // The precomputed chain is kept only up to what is hashed and indexed below.
+            hashes: {
+                let mut chain = hashes;
+                chain.truncate(num_computed / bs);
+                chain
+            },
+            num_computed,
+            chunked: opts.chunked_prefill,
+            retention,
+            keys: Arc::new(keys),
+        };
+        self.index_blocks(&mut st.cache, &mut request, 0);
+        let admission = Admission {
+            block_ids: request.blocks.clone(),
+            num_cached_tokens: cached,
+        };
+        st.requests.insert(id, request);
+        Ok(admission)
+    }
+
+    /// Longest cached prefix of `tokens` under `keys`, without admitting
+    /// anything or taking references: the blocks may be evicted right after.
+    pub fn match_prefix(&self, tokens: &[TokenId], keys: &ExtraKeys) -> PrefixMatch {
+        let hashes = self.chain(tokens, keys);
+        let block_ids = self.prefixes.lookup(tokens, &hashes, usize::MAX);
+        PrefixMatch {
+            num_tokens: block_ids.len() * self.config.block_size,
+            block_ids,
+        }
+    }
+
+    /// Appends generated `tokens` to request `id`. Fills the reserved room
+    /// first and takes new blocks only when it is full; a shared partial tail
+    /// is first copied to a fresh block (see [`AppendOutcome::copies`]).
+    /// Blocks that become full (and computed) are hashed and shareable.
+    pub fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<AppendOutcome> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyInput("append needs at least one token"));
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
+        let new_len = request
+            .tokens
+            .len()
+            .checked_add(tokens.len())
+            .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))?;
+        let outcome = self.make_room(&mut st.pool, &mut st.cache, request, new_len)?;
+        request.tokens.extend_from_slice(tokens);
+        if !request.chunked {
+            request.num_computed = new_len;
+            let first = request.hashes.len();
+            self.index_blocks(&mut st.cache, request, first);
+        }
+        Ok(outcome)
+    }
+
+    /// Reports that the first `num_computed_tokens` tokens of request `id`
+    /// have their KV written; full blocks among them become shareable.
+    /// Progress only moves forward and cannot pass the request's length.
+    pub fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
+        if num_computed_tokens > request.tokens.len() {
+            return Err(Error::InvalidArgument(format!(
+                "cannot commit {num_computed_tokens} tokens of a {}-token request",
+                request.tokens.len()
+            )));
+        }
+        if num_computed_tokens < request.num_computed {
+            return Err(Error::InvalidArgument(format!(
+                "commit moves backwards: {num_computed_tokens} < {} already computed",
+                request.num_computed
+            )));
+        }
+        request.num_computed = num_computed_tokens;
+        let first = request.hashes.len();
+        self.index_blocks(&mut st.cache, request, first);
+        Ok(())
+    }
+
+    /// Creates request `child` sharing every block of `parent` that holds
+    /// tokens (parallel sampling, beam search). Takes no new block: the
+    /// first append to a shared partial tail copies it.
+    pub fn fork(&self, parent: RequestId, child: RequestId) -> Result<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st.requests.contains_key(&child) {
+            return Err(Error::DuplicateRequest(child));
+        }
+        let p = st
+            .requests
+            .get(&parent)
+            .ok_or(Error::UnknownRequest(parent))?;
+        let mut c = p.clone();
+        c.blocks.truncate(self.blocks_for(p.tokens.len()));
+        for &b in &c.blocks {
+            st.pool.acquire(&mut st.cache, b);
+        }
+        st.cache.stats.num_requests += 1;
+        st.requests.insert(child, c);
+        Ok(())
+    }
+
+    /// Frees request `id`. Its blocks are released tail first, so the deepest
+    /// blocks of a prefix chain are evicted before its root.
+    pub fn free(&self, id: RequestId) -> Result<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let request = st.requests.remove(&id).ok_or(Error::UnknownRequest(id))?;
+        for &b in request.blocks.iter().rev() {
+            st.pool.release(&mut st.cache, b);
+        }
+        st.cache.stats.num_requests -= 1;
+        Ok(())
+    }
+
+    /// The block table of request `id`.
+    pub fn block_table(&self, id: RequestId) -> Result<Vec<BlockId>> {
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        Ok(request.blocks.clone())
+    }
+
+    /// Slot numbers (`block_id * block_size + offset`) of positions `range`
+    /// of request `id`; positions may reach into its reserved room.
+    pub fn slot_mapping(&self, id: RequestId, range: Range<usize>) -> Result<Vec<i64>> {
+        let bs = self.config.block_size;
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        let room = request.blocks.len() * bs;
+        if range.start > range.end || range.end > room {
+            return Err(Error::InvalidArgument(format!(
+                "positions {range:?} outside the request's {room} slots"
+            )));
+        }
+        Ok(range
+            .map(|p| request.blocks[p / bs] as i64 * bs as i64 + (p % bs) as i64)
+            .collect())
+    }
+
+    /// Tokens (prompt and appended) of request `id`.
+    pub fn num_tokens(&self, id: RequestId) -> Result<usize> {
+        let st = self.state.lock();
+        Ok(st
+            .requests
+            .get(&id)
+            .ok_or(Error::UnknownRequest(id))?
+            .tokens
+            .len())
+    }
+
+    /// Grows request `id`'s table so it has room for `total_slots` token
+    /// positions (its tokens included) without adding tokens: lookahead
+    /// slots for speculative decoding (vLLM's `num_lookahead_tokens`, draft
+    /// tokens of DeepSeek's multi-token prediction), addressed with
+    /// [`BlockManager::slot_mapping`]. Never shrinks: with the room already
+    /// there it adds nothing. The room is private: when it starts inside a
+    /// partial tail shared with a fork, that tail is copied first (see
+    /// [`AppendOutcome::copies`]), so the slots can be written at once.
+    ///
+    /// Returns the blocks added to the end of the table and the copies, as
+    /// [`BlockManager::append`] does. A later `append` fills the reserved
+    /// room before taking blocks; `fork` shares only the blocks holding
+    /// tokens; `free` releases the room with the rest. All or nothing:
+    /// [`Error::OutOfBlocks`] (fits later) or [`Error::RequestTooLarge`]
+    /// (never fits) change nothing.
+    pub fn reserve(&self, id: RequestId, total_slots: usize) -> Result<AppendOutcome> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
+        self.make_room(&mut st.pool, &mut st.cache, request, total_slots)
+    }
+
+    /// Grows `request`'s table to room for `slots` positions, first copying
+    /// a shared partial tail that positions past its tokens would be
+    /// written into. All or nothing.
+    fn make_room(
+        &self,
+        pool: &mut Pool,
+        cache: &mut CacheState,
+        request: &mut Request,
+        slots: usize,
+    ) -> Result<AppendOutcome> {
+        let bs = self.config.block_size;
+        let needed = self.blocks_for(slots);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let len = request.tokens.len();
+        let grow = needed.saturating_sub(request.blocks.len());
+        let tail = len / bs;
+        let cow = slots > len && len % bs != 0 && pool.ref_count(request.blocks[tail]) > 1;
+        let fresh = grow + usize::from(cow);
+        let available = pool.num_free(cache);
+        if fresh > available {
+            return Err(Error::OutOfBlocks {
+                needed: fresh,
+                available,
+            });
+        }
+        let mut outcome = AppendOutcome::default();
+        if cow {
+            let src = request.blocks[tail];
+            let dst = pool.allocate(&self.prefixes, cache);
+            pool.release(cache, src);
+            request.blocks[tail] = dst;
+            cache.stats.cow_copies += 1;
+            outcome.copies.push(BlockCopy { src, dst });
+        }
+        for _ in 0..grow {
+            let b = pool.allocate(&self.prefixes, cache);
+            request.blocks.push(b);
+            outcome.new_block_ids.push(b);
+        }
+        Ok(outcome)
+    }
+
+    /// Drops `blocks` from the prefix index (vLLM's `evict_blocks`: a KV
+    /// connector reports their contents unreadable), so no later lookup
+    /// finds them; one `BlockRemoved` event per block. A free block moves
+    /// from the policy's evictable set to the never-hashed free list (in the
+    /// order given); a block in use stays with its holders, who may keep
+    /// using it, but is no longer shareable and is freed as unhashed. Blocks
+    /// not in the index (never hashed, dropped before, repeated) are skipped;
+    /// blocks after a dropped one in a prefix chain stay indexed, though no
+    /// lookup reaches them through it. Not an eviction to make room: neither
+    /// counted in [`CacheStats::evictions`] nor logged for
+    /// [`BlockManager::take_evicted`] (the contents are not worth keeping).
+    ///
+    /// Returns how many blocks left the index. Fails, changing nothing, with
+    /// [`Error::InvalidBlock`] for an id outside the cache, and with
+    /// [`Error::InvalidArgument`] for a pinned block: pins are released by
+    /// prefix through the index ([`BlockManager::unpin`]), so unpin first.
+    pub fn evict_blocks(&self, blocks: &[BlockId]) -> Result<usize> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        self.prefixes.check_droppable(&st.cache, blocks)?;
+        Ok(blocks
+            .iter()
+            .filter(|&&b| st.pool.drop_block(&self.prefixes, &mut st.cache, b))
+            .count())
+    }
+
+    /// Evicts up to `num_blocks` free cached blocks, chosen as allocation
+    /// chooses them (the policy's victims): their hashes leave the index and
+    /// they join the never-hashed free list, reused first. Counted, logged
+    /// and announced like the evictions allocation makes. For engines that
+    /// evict ahead of allocating (SGLang's `RadixCache.evict`); allocation
+    /// evicts by itself. Returns how many blocks were evicted (fewer when
+    /// fewer free blocks are cached).
+    pub fn evict(&self, num_blocks: usize) -> usize {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        st.pool.evict(&self.prefixes, &mut st.cache, num_blocks)
+    }
+
+    /// Pins the cached full blocks of the prefix `tokens` under `keys`: they
+    /// are neither evicted nor reused until [`BlockManager::unpin`] of the
+    /// same prefix. Returns the tokens pinned (0, and nothing to unpin, when
+    /// nothing of the prefix is cached). Pins nest.
+    pub fn pin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
+        let hashes = self.chain(tokens, keys);
+        let mut st = self.state.lock();
+        self.prefixes.pin(&mut st.cache, tokens, &hashes)
+    }
+
+    /// Releases one pin of the prefix `tokens`: the pin whose run ends
+    /// deepest in it, exactly the blocks that `pin` took. Returns the tokens
+    /// unpinned, or [`Error::NotPinned`] when no pin lies on the prefix.
+    pub fn unpin(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Result<usize> {
+        let hashes = self.chain(tokens, keys);
+        let mut st = self.state.lock();
+        self.prefixes.unpin(&mut st.cache, &hashes)
+    }
+
+    /// A snapshot of gauges and counters.
+    pub fn stats(&self) -> CacheStats {
+        let st = self.state.lock();
+        let free = st.pool.num_free(&st.cache) as u64;
+        CacheStats {
+            free_blocks: free,
+            used_blocks: self.config.num_blocks as u64 - free,
+            ..self.prefixes.stats(&st.cache)
+        }
+    }
+
+    /// Blocks no request holds.
+    pub fn num_free_blocks(&self) -> usize {
+        let st = self.state.lock();
+        st.pool.num_free(&st.cache)
+    }
+
+    /// Fraction of blocks in use, `0.0..=1.0`.
+    pub fn usage(&self) -> f64 {
+        1.0 - self.num_free_blocks() as f64 / self.config.num_blocks as f64
+    }
+
+    /// Events recorded since the last call (empty unless
+    /// [`CacheConfig::enable_events`]).
+    pub fn take_events(&self) -> Vec<CacheEvent> {
+        std::mem::take(&mut self.state.lock().cache.events)
+    }
+
+    /// Drops every cached block from the prefix index. Refused with
+    /// [`Error::BlocksInUse`] while any block is held (by requests or pins).
+    pub fn reset_prefix_cache(&self) -> Result<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        for b in self.prefixes.reset(&mut st.cache)? {
+            st.pool.unhashed.push_back(b);
+        }
+        Ok(())
+    }
+
+    /// External hashes ([`BlockHash::external`]) of the full blocks of
+    /// `tokens` under `keys`: the values events carry for them (empty
+    /// without prefix caching).
+    pub fn block_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<u64> {
+        let hashes = self.chain_hashes(tokens, keys);
+        hashes.into_iter().map(BlockHash::external).collect()
+    }
+
+    /// The 128-bit chain hashes of the full blocks of `tokens` under `keys`,
+    /// as admission computes them (empty without prefix caching). Lower
+    /// cache tiers ([`crate::tier`]) key their blocks by these.
+    pub fn chain_hashes(&self, tokens: &[TokenId], keys: &ExtraKeys) -> Vec<BlockHash> {
+        self.chain(tokens, keys)
+    }
+
+    /// The (external hash, block) pairs of request `id`'s full computed blocks from
+    /// block `from` on, in table order, up to the first one dropped by
+    /// [`BlockManager::evict_blocks`] (its contents were declared
+    /// unreadable). Their contents are final: full computed blocks are never
+    /// written again.
+    pub fn computed_blocks(&self, id: RequestId, from: usize) -> Result<Vec<(u64, BlockId)>> {
+        let blocks = self.computed_chain(id, from)?;
+        Ok(external_pairs(blocks))
+    }
+
+    /// [`BlockManager::computed_blocks`] with the 128-bit chain hashes, for the tiers.
+    pub(crate) fn computed_chain(
+        &self,
+        id: RequestId,
+        from: usize,
+    ) -> Result<Vec<(BlockHash, BlockId)>> {
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        Ok(request
+            .hashes
+            .iter()
+            .zip(&request.blocks)
+            .skip(from)
+            .map(|(&h, &b)| (h, b))
+            .take_while(|&(_, b)| !st.pool.blocks[b as usize].dropped)
+            .collect())
+    }
+
+    /// Starts (`true`) or stops logging evictions for [`BlockManager::take_evicted`].
+    /// Stopping drops the log.
+    pub fn set_eviction_log(&self, on: bool) {
+        let mut st = self.state.lock();
+        let log = &mut st.cache.evicted;
+        match (on, log.is_some()) {
+            (true, false) => *log = Some(Vec::new()),
+            (false, true) => *log = None,
+            _ => {}
+        }
+    }
+
+    /// The (external hash, block) pairs evicted since the last call, oldest first
+    /// (empty unless [`BlockManager::set_eviction_log`] is on). An evicted
+    /// block was handed to a new owner by the call that evicted it, but keeps
+    /// its old contents until that owner's engine writes it: copy it out
+    /// before returning the block table to the engine (write-back).
+    pub fn take_evicted(&self) -> Vec<(u64, BlockId)> {
+        external_pairs(self.take_evicted_chain())
+    }
+
+    /// [`BlockManager::take_evicted`] with the 128-bit chain hashes, for the tiers.
+    pub(crate) fn take_evicted_chain(&self) -> Vec<(BlockHash, BlockId)> {
+        self.state
+            .lock()
+            .cache
+            .evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Hashes and indexes the request's full computed blocks from block
+    /// `first` on; the hashes of blocks before `request.hashes.len()` are
+    /// known already.
+    fn index_blocks(&self, cache: &mut CacheState, request: &mut Request, first: usize) {
+        if !self.config.enable_prefix_caching {
+            return;
+        }
+        let full = request.num_computed / self.config.block_size;
+        if full <= first {
+            return;
+        }
+        self.prefixes.hasher.extend_chain(
+            &request.tokens,
+            &request.keys,
+            full,
+            &mut request.hashes,
+            &mut cache.buf,
+        );
+        self.prefixes.store_chain(
+            cache,
+            &request.tokens,
+            &request.hashes,
+            &request.blocks,
+            first..full,
+            request.retention,
+            request.keys.adapter_name.as_ref(),
+        );
+    }
+}
+
+/// (hash, block) pairs with the hashes shown as external ones.
+fn external_pairs(pairs: Vec<(BlockHash, BlockId)>) -> Vec<(u64, BlockId)> {
+    pairs.into_iter().map(|(h, b)| (h.external(), b)).collect()
+}

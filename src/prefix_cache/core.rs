@@ -1,0 +1,350 @@
+//! The one implementation of the prefix cache's rules, shared by
+//! [`PrefixCache`](super::PrefixCache) (caller-owned block ids) and
+//! [`BlockManager`](crate::BlockManager) (which adds the pool on top).
+//!
+//! [`Prefixes`] is what never changes after construction and can be read
+//! without the state lock: the hasher, the sharded index and the settings.
+//! [`CacheState`] is what its owner keeps under its state lock: per block id
+//! its hash and locks, the eviction policy (the evictable set: cached blocks
+//! nobody locks), pins, counters, events and the eviction log.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::config::CacheConfig;
+use crate::error::{Error, Result};
+use crate::events::CacheEvent;
+use crate::hash::{BlockHash, Hasher, KeyDigest};
+use crate::index::PrefixIndex;
+use crate::policy::{EvictionPolicy, Retention};
+use crate::stats::CacheStats;
+use crate::{BlockId, TokenId};
+
+use super::pins::Pins;
+
+/// What the prefix cache knows of one block id.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Slot {
+    /// Set while the block is in the prefix index under this hash.
+    pub(crate) hash: Option<BlockHash>,
+    /// The index shard holding it (its chain's), while `hash` is set.
+    pub(crate) shard: u8,
+    /// Holders that keep it from eviction: locks, pins (each pin also
+    /// counts here) and, under a `BlockManager`, one for a block in use.
+    pub(crate) locks: u32,
+    /// Pins among the locks.
+    pub(crate) pins: u32,
+}
+
+/// The settings the rules read, taken from the [`CacheConfig`].
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) num_blocks: usize,
+    pub(crate) block_size: usize,
+    pub(crate) enabled: bool,
+    pub(crate) verify_tokens: bool,
+    pub(crate) events: bool,
+    pub(crate) pin_budget: usize,
+}
+
+/// The hasher, the index and the settings: read without the state lock.
+#[derive(Debug)]
+pub(crate) struct Prefixes {
+    pub(crate) hasher: Hasher,
+    pub(crate) index: PrefixIndex,
+    pub(crate) settings: Settings,
+}
+
+/// The prefix cache's mutable state, kept under its owner's lock.
+#[derive(Debug)]
+pub(crate) struct CacheState {
+    pub(crate) slots: Vec<Slot>,
+    /// The evictable set: cached blocks with no lock.
+    pub(crate) policy: Box<dyn EvictionPolicy>,
+    pub(crate) pins: Pins,
+    /// Counters (the gauges are filled in by `stats`).
+    pub(crate) stats: CacheStats,
+    pub(crate) events: Vec<CacheEvent>,
+    /// Evicted (hash, block) pairs since the last take, when logging.
+    pub(crate) evicted: Option<Vec<(BlockHash, BlockId)>>,
+    /// Scratch space of the hasher.
+    pub(crate) buf: Vec<u8>,
+}
+
+impl Prefixes {
+    /// The hasher, an empty index and the settings of `config`.
+    pub(crate) fn new(config: &CacheConfig) -> Self {
+        let seed = config.hash_seed.unwrap_or_else(random_seed);
+        Self {
+            hasher: Hasher::new(seed, config.block_size),
+            index: PrefixIndex::new(),
+            settings: Settings {
+                num_blocks: config.num_blocks,
+                block_size: config.block_size,
+                enabled: config.enable_prefix_caching,
+                verify_tokens: config.verify_tokens,
+                events: config.enable_events,
+                pin_budget: config.pin_budget(),
+            },
+        }
+    }
+
+    /// Hashes of the full blocks of `tokens` (none without prefix caching).
+    pub(crate) fn chain(&self, tokens: &[TokenId], keys: &KeyDigest) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        if self.settings.enabled {
+            let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
+            self.hasher
+                .extend_chain(tokens, keys, usize::MAX, &mut out, &mut buf);
+        }
+        out
+    }
+
+    /// Block `i`'s tokens, when the index verifies tokens.
+    pub(crate) fn verify<'t>(&self, tokens: &'t [TokenId], i: usize) -> Option<&'t [TokenId]> {
+        let bs = self.settings.block_size;
+        self.settings
+            .verify_tokens
+            .then(|| &tokens[i * bs..(i + 1) * bs])
+    }
+
+    /// Leading blocks of `hashes` found in the index, at most `limit`.
+    pub(crate) fn lookup(
+        &self,
+        tokens: &[TokenId],
+        hashes: &[BlockHash],
+        limit: usize,
+    ) -> Vec<BlockId> {
+        let keys = hashes.iter().take(limit).enumerate();
+        self.index
+            .leading_run(keys.map(|(i, h)| (*h, self.verify(tokens, i))))
+    }
+
+    /// Indexes blocks `range` of a chain: block `blocks[i]` under
+    /// `hashes[i]`, holding `tokens[i * block_size..]`. Blocks already
+    /// cached are skipped; a block whose hash another block holds stays
+    /// uncached (a duplicate). Stored blocks are new to the policy
+    /// (`on_store` with `retention`) and evictable unless locked; each run
+    /// of consecutive stored blocks is one `BlockStored` event.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn store_chain(
+        &self,
+        st: &mut CacheState,
+        tokens: &[TokenId],
+        hashes: &[BlockHash],
+        blocks: &[BlockId],
+        range: Range<usize>,
+        retention: Retention,
+        adapter: Option<&Arc<str>>,
+    ) {
+        let Some(&root) = hashes.first() else {
+            return;
+        };
+        let shard = PrefixIndex::shard_of_chain(root);
+        let mut run: Option<Range<usize>> = None;
+        for i in range {
+            let (b, hash) = (blocks[i], hashes[i]);
+            let stored = st.slots[b as usize].hash.is_none()
+                && self.index.insert(shard, hash, b, self.verify(tokens, i));
+            if stored {
+                let slot = &mut st.slots[b as usize];
+                slot.hash = Some(hash);
+                slot.shard = shard;
+                st.policy.on_store(b, hash, retention);
+                if slot.locks == 0 {
+                    st.policy.insert(b);
+                }
+                st.stats.blocks_stored += 1;
+                match &mut run {
+                    Some(r) => r.end = i + 1,
+                    None => run = Some(i..i + 1),
+                }
+            } else if let Some(r) = run.take() {
+                self.announce_stored(st, tokens, hashes, r, adapter);
+            }
+        }
+        if let Some(r) = run {
+            self.announce_stored(st, tokens, hashes, r, adapter);
+        }
+    }
+
+    /// A `BlockStored` event for blocks `run` of a chain, when events are on.
+    fn announce_stored(
+        &self,
+        st: &mut CacheState,
+        tokens: &[TokenId],
+        hashes: &[BlockHash],
+        run: Range<usize>,
+        adapter: Option<&Arc<str>>,
+    ) {
+        if !self.settings.events {
+            return;
+        }
+        let bs = self.settings.block_size;
+        st.events.push(CacheEvent::BlockStored {
+            block_hashes: hashes[run.clone()].iter().map(|h| h.external()).collect(),
+            parent_block_hash: run.start.checked_sub(1).map(|p| hashes[p].external()),
+            token_ids: tokens[run.start * bs..run.end * bs].to_vec(),
+            block_size: bs,
+            adapter: adapter.cloned(),
+        });
+    }
+
+    /// A `BlockRemoved` event for `hash`, when events are on.
+    fn announce_removed(&self, st: &mut CacheState, hash: BlockHash) {
+        if self.settings.events {
+            st.events.push(CacheEvent::BlockRemoved {
+                block_hashes: vec![hash.external()],
+            });
+        }
+    }
+
+    /// Evicts the policy's victim, if any: its hash leaves the index (an
+    /// eviction: counted, logged, announced). The block is uncached and
+    /// unlocked; the caller owns what happens to it next.
+    pub(crate) fn evict_victim(&self, st: &mut CacheState) -> Option<BlockId> {
+        let b = st.policy.evict()?;
+        let slot = &mut st.slots[b as usize];
+        let hash = slot.hash.take().expect("evictable blocks are hashed");
+        self.index.remove(slot.shard, hash);
+        st.stats.evictions += 1;
+        if let Some(log) = &mut st.evicted {
+            log.push((hash, b));
+        }
+        self.announce_removed(st, hash);
+        Some(b)
+    }
+
+    /// Checks that every block of `blocks` exists and may be dropped from
+    /// the index (none is pinned: pins are released by prefix through the
+    /// index, so a dropped pinned block could never be unpinned).
+    pub(crate) fn check_droppable(&self, st: &CacheState, blocks: &[BlockId]) -> Result<()> {
+        for &b in blocks {
+            let slot = st.slots.get(b as usize).ok_or(Error::InvalidBlock(b))?;
+            if slot.pins > 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "block {b} is pinned: unpin its prefix before evicting it"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops `b` from the index on the caller's request (not an eviction:
+    /// neither counted nor logged, but announced); the policy forgets it.
+    /// Returns `None` when `b` was not cached, else whether it is unlocked
+    /// (it was evictable). The caller checked [`Self::check_droppable`].
+    pub(crate) fn drop_block(&self, st: &mut CacheState, b: BlockId) -> Option<bool> {
+        let slot = &mut st.slots[b as usize];
+        let hash = slot.hash.take()?;
+        let unlocked = slot.locks == 0;
+        self.index.remove(slot.shard, hash);
+        if unlocked {
+            st.policy.remove(b);
+        }
+        st.policy.forget(b);
+        self.announce_removed(st, hash);
+        Some(unlocked)
+    }
+
+    /// Drops every cached block from the index, which must hold no locked
+    /// block ([`Error::BlocksInUse`] otherwise, changing nothing). Returns
+    /// the blocks dropped, in the policy's eviction order.
+    pub(crate) fn reset(&self, st: &mut CacheState) -> Result<Vec<BlockId>> {
+        let locked = st.slots.iter().filter(|s| s.locks > 0).count();
+        if locked > 0 {
+            return Err(Error::BlocksInUse(locked));
+        }
+        let mut dropped = Vec::with_capacity(st.policy.len());
+        while let Some(b) = st.policy.evict() {
+            let slot = &mut st.slots[b as usize];
+            let hash = slot.hash.take().expect("evictable blocks are hashed");
+            self.index.remove(slot.shard, hash);
+            dropped.push(b);
+        }
+        if self.settings.events {
+            st.events.push(CacheEvent::AllBlocksCleared);
+        }
+        Ok(dropped)
+    }
+
+    /// The counters with the gauges the prefix cache knows filled in.
+    pub(crate) fn stats(&self, st: &CacheState) -> CacheStats {
+        CacheStats {
+            num_blocks: self.settings.num_blocks as u64,
+            cached_blocks: self.index.len() as u64,
+            pinned_blocks: st.pins.num_pinned() as u64,
+            evictable_blocks: st.policy.len() as u64,
+            ..st.stats
+        }
+    }
+}
+
+impl CacheState {
+    /// `num_blocks` uncached, unlocked blocks under `policy` (which must be empty).
+    pub(crate) fn new(num_blocks: usize, policy: Box<dyn EvictionPolicy>) -> Result<Self> {
+        if !policy.is_empty() {
+            return Err(Error::InvalidConfig(
+                "the eviction policy must start empty".into(),
+            ));
+        }
+        Ok(Self {
+            slots: vec![Slot::default(); num_blocks],
+            policy,
+            pins: Pins::default(),
+            stats: CacheStats::default(),
+            events: Vec::new(),
+            evicted: None,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Whether `b` is cached and nobody holds it (the policy may evict it).
+    pub(crate) fn is_evictable(&self, b: BlockId) -> bool {
+        let slot = &self.slots[b as usize];
+        slot.locks == 0 && slot.hash.is_some()
+    }
+
+    /// Takes a lock on `b`; a cached block leaves the evictable set.
+    pub(crate) fn lock(&mut self, b: BlockId) {
+        if self.is_evictable(b) {
+            self.policy.remove(b);
+        }
+        self.slots[b as usize].locks += 1;
+    }
+
+    /// Drops a lock on `b`; the last one makes a cached block evictable.
+    /// Returns true when `b` is now unlocked and uncached (its owner lists
+    /// it as free).
+    pub(crate) fn unlock(&mut self, b: BlockId) -> bool {
+        let slot = &mut self.slots[b as usize];
+        slot.locks -= 1;
+        if slot.locks > 0 {
+            return false;
+        }
+        if slot.hash.is_some() {
+            self.policy.insert(b);
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Marks `path` (a chain from its root) as just used: its evictable
+    /// blocks move to the most recent end of the policy's order, deepest
+    /// first, so each is more recent than every block below it.
+    pub(crate) fn touch(&mut self, path: &[BlockId]) {
+        for &b in path.iter().rev() {
+            if self.is_evictable(b) {
+                self.policy.remove(b);
+                self.policy.insert(b);
+            }
+        }
+    }
+}
+
+/// A random hash seed, from the standard library's per-process random keys.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0x6d6c_615f_6361_6368_u64)
+}
