@@ -13,6 +13,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import KVConnectorOutput
 
 import mla_cache.vllm as ours
+from mla_cache import CacheConfig, PrefixCache
 from harness import Driver, RequestStatus, decisions, make_request, make_scheduler
 
 BS = 16
@@ -263,19 +264,55 @@ def test_same_async_schedule():
     assert_same(stock, adapter)
 
 
-def test_events_are_vllms_own_objects():
-    from vllm.distributed.kv_events import BlockStored
-
+def adapter_with_events():
     km = make_scheduler(True).kv_cache_manager
-    km2 = ours.KVCacheManager(
+    return ours.KVCacheManager(
         km.kv_cache_config,
         max_model_len=4096,
         scheduler_block_size=BS,
         hash_block_size=BS,
         enable_kv_cache_events=True,
+        # A fixed hash seed (the default is random per manager), so another
+        # surface computes the same hashes.
+        cache_config=CacheConfig.preset("deepseek-v3", num_blocks=999, hash_seed=7),
     )
-    r = make_request("e", list(range(3, 3 + 3 * BS)), max_tokens=4)
-    assert km2.allocate_slots(r, r.num_tokens) is not None
-    events = km2.take_events()
-    assert events and all(isinstance(e, BlockStored) for e in events)
-    assert sum(len(e.block_hashes) for e in events) == 3
+
+
+def test_events_go_out_through_vllms_publisher_and_decode_as_its_classes(tmp_path):
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+
+    km = adapter_with_events()
+    tokens = list(range(3, 3 + 3 * BS + 2))
+    r = make_request("e", tokens, max_tokens=4)
+    assert km.allocate_slots(r, r.num_tokens) is not None
+    km.evict_blocks(km.get_block_ids("e")[0][2:3])
+    events = km.take_events()
+    assert [type(e) for e in events] == [BlockStored, BlockRemoved]
+
+    endpoint = f"ipc://{tmp_path}/events"
+    pub = ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        frames = None
+        for _ in range(50):  # a subscriber joins late: publish until one arrives
+            pub.publish(KVEventBatch(ts=1.0, events=events))
+            if sub.poll(100):
+                frames = sub.recv_multipart()
+                break
+        assert frames is not None, "nothing published"
+    finally:
+        pub.shutdown()
+        sub.close(linger=0)
+    batch = msgspec.msgpack.Decoder(type=KVEventBatch).decode(frames[2])
+    stored, removed = batch.events
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    # The same 64-bit external hashes every mla_cache surface shows.
+    assert stored.block_hashes == PrefixCache(km.manager.config).block_hashes(tokens)
+    assert all(0 <= h < 1 << 64 for h in stored.block_hashes)
+    assert stored.token_ids == tokens[: 3 * BS] and stored.parent_block_hash is None
+    assert stored.kv_cache_spec_kind == "mla_attention"
+    assert removed.block_hashes == stored.block_hashes[2:]
