@@ -122,6 +122,8 @@ def run(adapter: bool, trace, args, timed: bool) -> Tuple[str, float, Dict[str, 
             s.add_request(arrivals[nxt][1])
             nxt += 1
         step += 1
+        if step > args.max_steps:
+            raise RuntimeError(f"not done after {args.max_steps} steps ({len(s.requests)} requests left)")
         t = clock()
         out = s.schedule()
         spent += clock() - t
@@ -154,8 +156,12 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=50.0)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-request-hashes", action="store_true")
+    p.add_argument("--max-steps", type=int, default=200_000)
     args = p.parse_args()
     trace = parse_trace(args.trace.read_text())[: args.requests]
+    # vLLM's front end refuses a request longer than max_model_len.
+    fits = [r for r in trace if r.input_length + min(r.output_length, args.max_output) <= args.max_model_len]
+    skipped, trace = len(trace) - len(fits), fits
 
     results: Dict[str, Dict[str, Any]] = {"vllm": {"sched": [], "kv": []}, "mla_cache": {"sched": [], "kv": []}}
     for _ in range(args.repeat):
@@ -167,7 +173,8 @@ def main() -> None:
             r["sched"].append(spent)
             r["kv"].append(sum(v[0] for v in meter.values()) / 1e9)
             r["meter"] = meter
-    print(f"{len(trace)} requests, {args.blocks} blocks of {args.block_size}, speedup {args.speedup}, "
+            print(f"  {name}: {spent:.3f} s, {r['counts']}", file=sys.stderr, flush=True)
+    print(f"{len(trace)} requests ({skipped} longer than max_model_len left out), {args.blocks} blocks of {args.block_size}, speedup {args.speedup}, "
           f"request hashes {'off' if args.no_request_hashes else 'on'}; medians of {args.repeat}")
     for name, r in results.items():
         print(f"  {name:10s} digest {r['digest']}  {r['counts']}")

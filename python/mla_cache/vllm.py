@@ -747,6 +747,8 @@ class KVCacheManager:
         ``enable_kv_cache_events``): ``BlockStored``, ``BlockRemoved``,
         ``AllBlocksCleared`` — vLLM's own classes when vLLM is installed
         (so its publisher sends them), else :mod:`mla_cache.kv_events`."""
+        if not self.enable_kv_cache_events:
+            return []
         events = kv_events.convert(self._manager.take_events(), self._lora_of)
         return _to_vllm_events(events, self.coordinator.single_type_managers[0].kv_cache_spec)
 
