@@ -823,7 +823,8 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         bs = self.block_size
-        full = min(num_tokens, len(request.block_hashes) * self.hash_block_size) // bs
+        # Never past the slots held: tokens only fill room already allocated.
+        full = min(num_tokens, len(request.block_hashes) * self.hash_block_size, len(tracked.blocks) * bs) // bs
         if full <= tracked.cached_blocks:
             return
         upto = full * bs

@@ -471,3 +471,54 @@ def test_scheduler_loop_keeps_the_manager_consistent():
         m.manager._check_invariants()
     assert hits > 0
     assert m.manager.num_free_blocks == 24
+
+
+def test_deferred_free_returns_blocks_only_through_the_pool():
+    """vLLM's async path: pop_blocks_for_free detaches a request but its
+    blocks stay allocated until they come back to block_pool.free_blocks."""
+    m = make(num_blocks=4)
+    a = Request("a", list(range(8)))
+    schedule_prefill(m, a)
+    popped = m.pop_blocks_for_free(a)
+    assert [b.block_id for b in popped] == [1, 2]
+    assert m.get_block_ids("a") == ([],)
+    assert m.manager.num_free_blocks == 2
+    # The same request readmitted meanwhile (a preemption) gets other blocks.
+    again = Request("a", list(range(100, 104)))
+    new, hit = schedule_prefill(m, again)
+    assert hit == 0 and not {1, 2} & set(new.get_block_ids()[0])
+    assert m.manager.num_free_blocks == 1
+    m.block_pool.free_blocks(reversed(popped))
+    assert m.manager.num_free_blocks == 3
+    # Freed blocks stay cached: a request with a's prefix hits them.
+    assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 8
+    with pytest.raises(ValueError, match="already freed"):
+        m.block_pool.free_blocks(popped)
+    with pytest.raises(ValueError, match="pop_blocks_for_free"):
+        m.block_pool.free_blocks([m.block_pool.blocks[3]])
+    m.block_pool.free_blocks([])
+    assert m.pop_blocks_for_free(Request("unknown", [])) == []
+    m.manager._check_invariants()
+
+
+def test_caching_waits_for_vllms_block_hashes():
+    """Blocks become shareable only as far as vLLM has hashed the request
+    (hash lookahead lags by a block), whichever call brought the tokens."""
+
+    class Lagging(Request):
+        @property
+        def block_hashes(self) -> List[int]:
+            return [0] * max(0, self.num_tokens // BS - 1)
+
+    m = make()
+    r = Lagging("a", list(range(12)))
+    # Prefill with room for 4 more tokens (drafts verified next step).
+    assert len(m.allocate_slots(r, 12, num_lookahead_tokens=4).get_block_ids()[0]) == 4
+    r.num_computed_tokens = 12
+    assert m.get_computed_blocks(Request("x", list(range(13))))[1] == 8
+    # Tokens the scheduler never passed through allocate_slots (accepted
+    # drafts, async output) are cached by cache_blocks.
+    r.all_token_ids += [50, 51, 52, 53]
+    m.cache_blocks(r, 16)
+    assert m.get_computed_blocks(Request("y", list(range(12)) + [50, 51, 52, 53, 9]))[1] == 12
+    assert m.estimate_cached_tokens(r) == 12
