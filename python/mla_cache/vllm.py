@@ -614,10 +614,18 @@ class KVCacheManager:
                     if self._manager.num_free_blocks - reserved_blocks < need:
                         return None
                     try:
-                        reserved = self._manager.reserve(tracked.key, slots)
+                        if self.enable_caching and slots <= request.num_tokens:
+                            # Every slot holds a known token (a prefill chunk):
+                            # one call hands them over and takes the blocks.
+                            grown = self._manager.append(
+                                tracked.key, request.all_token_ids[tracked.appended : slots]
+                            )
+                            tracked.appended = slots
+                        else:
+                            grown = self._manager.reserve(tracked.key, slots)
                     except OutOfBlocks:
                         return None
-                    new = self._take_new(tracked, reserved.new_block_ids.tolist())
+                    new = self._take_new(tracked, grown.new_block_ids.tolist())
                 else:
                     new = None
             if not delay_cache_blocks:
