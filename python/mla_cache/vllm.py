@@ -23,7 +23,8 @@ vLLM's semantics, kept:
   out (the worker pads with it); the block manager holds the other
   ``num_blocks - 1`` and its ids are shifted by one.
 - **Caching timing.** A request's full blocks become shareable (``commit``)
-  up to ``min(tokens, len(request.block_hashes) * hash_block_size)``: the
+  up to ``min(tokens, len(request.block_hashes) * hash_block_size)`` (less
+  multi-module MTP's re-prefill tail, ``num_prefill_lookahead - 1``): the
   tokens vLLM has hashed, whichever call brought them (``allocate_slots``
   or ``cache_blocks``), so hash-lookahead (EAGLE/MTP) blocks wait for their
   lookahead tokens as in vLLM. Tokens reach the block manager only then, so a
@@ -270,8 +271,9 @@ class _Coordinator:
         """Hits are whole blocks."""
         self.eagle_group_ids: frozenset = frozenset({0}) if owner.use_eagle else frozenset()
         """Groups that drop their last hit block for EAGLE."""
-        self.num_reprefillable_tokens = 0
-        """No multi-module MTP re-prefill tail."""
+        self.num_reprefillable_tokens = owner.num_reprefillable_tokens
+        """Tokens at a request's computed end that multi-module MTP may
+        prefill again (never cached)."""
         self.block_pool = owner.block_pool
         """The pool."""
 
@@ -413,6 +415,9 @@ class KVCacheManager:
         """Whether ``take_events`` reports events."""
         self.use_eagle: bool = use_eagle
         """Whether a hit drops its last block (EAGLE recomputes it)."""
+        self.num_reprefillable_tokens: int = max(0, num_prefill_lookahead - 1)
+        """The last computed tokens multi-module MTP may prefill again: they
+        are not cached until later tokens follow, as in vLLM."""
         self.log_stats: bool = log_stats
         """Whether prefix cache stats are kept."""
         self.metrics_collector = metrics_collector
@@ -832,7 +837,11 @@ class KVCacheManager:
             return
         bs = self.block_size
         # Never past the slots held: tokens only fill room already allocated.
-        full = min(num_tokens, len(request.block_hashes) * self.hash_block_size, len(tracked.blocks) * bs) // bs
+        full = min(
+            num_tokens - self.num_reprefillable_tokens,
+            len(request.block_hashes) * self.hash_block_size,
+            len(tracked.blocks) * bs,
+        ) // bs
         if full <= tracked.cached_blocks:
             return
         upto = full * bs

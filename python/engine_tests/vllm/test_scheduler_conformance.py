@@ -316,3 +316,29 @@ def test_events_go_out_through_vllms_publisher_and_decode_as_its_classes(tmp_pat
     assert stored.token_ids == tokens[: 3 * BS] and stored.parent_block_hash is None
     assert stored.kv_cache_spec_kind == "mla_attention"
     assert removed.block_hashes == stored.block_hashes[2:]
+
+
+@pytest.mark.parametrize("prompt_len", [32, 33, 34, 35, 48])
+def test_mtp_reprefill_tail_is_not_cached_as_in_vllm(prompt_len):
+    """Multi-module MTP (``num_prefill_lookahead``) may prefill a request's
+    last tokens again: both managers leave them out of the cache."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Stock
+
+    config = make_scheduler(False).kv_cache_manager.kv_cache_config
+    hits = []
+    for cls in (Stock, ours.KVCacheManager):
+        km = cls(
+            kv_cache_config=config,
+            max_model_len=4096,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+            num_prefill_lookahead=3,
+        )
+        prompt = list(range(3, 3 + prompt_len))
+        r = make_request("a", prompt, max_tokens=4)
+        assert km.allocate_slots(r, r.num_tokens) is not None
+        probe = make_request("b", prompt + [7] * BS, max_tokens=4)
+        hits.append(km.get_computed_blocks(probe)[1])
+    assert hits[0] == hits[1], f"stock {hits[0]} != adapter {hits[1]}"
+    # The last 2 tokens wait: a full block right at the end is not cached yet.
+    assert hits[0] == BS * ((prompt_len - 2) // BS)
