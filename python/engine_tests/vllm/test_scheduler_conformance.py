@@ -342,3 +342,27 @@ def test_mtp_reprefill_tail_is_not_cached_as_in_vllm(prompt_len):
     assert hits[0] == hits[1], f"stock {hits[0]} != adapter {hits[1]}"
     # The last 2 tokens wait: a full block right at the end is not cached yet.
     assert hits[0] == BS * ((prompt_len - 2) // BS)
+
+
+@pytest.mark.parametrize("prompt_len, probe_len", [(48, 64), (64, 80), (64, 50), (20, 40)])
+def test_eagle_hits_drop_their_last_block_as_in_vllm(prompt_len, probe_len):
+    """With ``use_eagle`` a hit gives up its last block (EAGLE recomputes it)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager as Stock
+
+    config = make_scheduler(False).kv_cache_manager.kv_cache_config
+    hits = []
+    for cls in (Stock, ours.KVCacheManager):
+        km = cls(
+            kv_cache_config=config,
+            max_model_len=4096,
+            scheduler_block_size=BS,
+            hash_block_size=BS,
+            use_eagle=True,
+        )
+        base = list(range(3, 3 + max(prompt_len, probe_len)))
+        r = make_request("a", base[:prompt_len], max_tokens=4)
+        assert km.allocate_slots(r, r.num_tokens) is not None
+        hits.append(km.get_computed_blocks(make_request("b", base[:probe_len], max_tokens=4))[1])
+    assert hits[0] == hits[1], f"stock {hits[0]} != adapter {hits[1]}"
+    matched = min(prompt_len // BS, (probe_len - 1) // BS)
+    assert hits[0] == BS * max(matched - 1, 0)
