@@ -191,13 +191,14 @@ def make_request(
     block_size: int = 16,
     priority: int = 0,
     arrival_time: float = 0.0,
+    prompt_logprobs: Optional[int] = None,
 ) -> Request:
     """A vLLM ``Request`` with vLLM's own block hasher (as the engine builds it)."""
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
-    params = SamplingParams(ignore_eos=True, max_tokens=max_tokens)
+    params = SamplingParams(ignore_eos=True, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
     params.update_from_generation_config({}, EOS)
     return Request(
         request_id=request_id,

@@ -366,3 +366,21 @@ def test_eagle_hits_drop_their_last_block_as_in_vllm(prompt_len, probe_len):
     assert hits[0] == hits[1], f"stock {hits[0]} != adapter {hits[1]}"
     matched = min(prompt_len // BS, (probe_len - 1) // BS)
     assert hits[0] == BS * max(matched - 1, 0)
+
+
+def test_same_schedule_when_requests_skip_the_prefix_cache_and_after_a_reset():
+    """A request asking for prompt logprobs skips the cache (no hit, no
+    stats); ``reset_prefix_cache`` empties it."""
+    prompt = list(range(3, 3 + 5 * BS))
+
+    def scenario(d: Driver):
+        d.run({0: [make_request("a", prompt, max_tokens=3)]})
+        d.run({0: [make_request("b", prompt + [9], max_tokens=3, prompt_logprobs=1)]})
+        d.run({0: [make_request("c", prompt + [9], max_tokens=3)]})
+        assert d.scheduler.reset_prefix_cache()
+        d.run({0: [make_request("d", prompt + [9], max_tokens=3)]})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a)), scenario)
+    assert_same(stock, adapter)
+    hits = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}
+    assert hits == {"a": 0, "b": 0, "c": 5 * BS, "d": 0}
