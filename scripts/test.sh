@@ -57,3 +57,6 @@ scripts/c-tests.sh --release --features "$features" --valgrind
 
 echo "== SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
 scripts/engine-tests.sh sglang
+
+echo "== vLLM 0.33's real scheduler with the adapter vs its own manager (engine venv, cached)"
+scripts/engine-tests.sh vllm

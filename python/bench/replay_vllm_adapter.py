@@ -125,15 +125,22 @@ class Request:
 
     request_id: str
     all_token_ids: List[int]
+    block_size: int
     num_computed_tokens: int = 0
     lora_request: None = None
     cache_salt: Optional[str] = None
     mm_features: Sequence[Any] = ()
+    num_preemptions: int = 0
 
     @property
     def num_tokens(self) -> int:
         """Prompt and output tokens."""
         return len(self.all_token_ids)
+
+    @property
+    def block_hashes(self) -> range:
+        """Stands for vLLM's list of full-block hashes (only its length is read)."""
+        return range(len(self.all_token_ids) // self.block_size)
 
 
 @dataclass
@@ -246,12 +253,14 @@ class _Replay:
                 self.queue.popleft()
                 continue
             if self.head is None:
-                self.head = Request(str(i), r.prompt_tokens())
+                self.head = Request(str(i), r.prompt_tokens(), bs)
             req = self.head
             blocks, hit, _ = self.timed(m.get_computed_blocks, req)
+            # The output's slots are reserved at admission (as lookahead), as
+            # the simulator does.
             new = self.timed(
                 m.allocate_slots, req, req.num_tokens - hit, hit, blocks,
-                decode_slots=r.output_length,
+                num_lookahead_tokens=r.output_length,
             )  # fmt: skip
             if new is None:
                 if self.events:
@@ -301,7 +310,9 @@ def replay(requests: List[TraceRequest], settings: Settings) -> Dict[str, Any]:
     under ``mla-cache simulate --json``'s names."""
     wall = time.perf_counter()
     config = settings.cache_config()
-    sim = _Replay(requests, settings, KVCacheManager(config))
+    # One block more than the simulator's: vLLM's null block.
+    manager = KVCacheManager.from_config(config.replace(num_blocks=config.num_blocks + 1))
+    sim = _Replay(requests, settings, manager)
     block_manager = sim.manager.manager
     arrivals = [r.timestamp * NS_PER_MS for r in requests]
     next_arrival = 0

@@ -1,114 +1,90 @@
 """A drop-in for vLLM v1's ``KVCacheManager`` (vLLM 0.33), backed by mla_cache.
 
-:class:`KVCacheManager` has the methods vLLM's scheduler calls on its own
-manager and takes vLLM's ``Request`` objects, reading only what vLLM's manager
-reads: ``request_id``, ``all_token_ids``, ``num_tokens``,
-``num_computed_tokens``, ``lora_request``, ``cache_salt``, ``mm_features``
-(and ``num_preemptions`` for stats, ``skip_reading_prefix_cache`` when
-present). It returns :class:`KVCacheBlocks`, which the scheduler uses like
-vLLM's (``get_block_ids()``, ``blocks``, ``+``). Neither vLLM nor torch is
-imported.
+:class:`KVCacheManager` takes the keywords vLLM's ``Scheduler`` constructs its
+own manager with and has every method and attribute the scheduler, its
+async (deferred-free) path, spec decode, the KV connectors and the stats code
+read, for one MLA KV cache group (``MLAAttentionSpec``, or
+``FullAttentionSpec`` with one KV head). A fork changes one import line in
+``vllm/v1/core/sched/scheduler.py``::
 
-How the calls map onto the block manager (one KV cache group, full attention):
+    from mla_cache.vllm import KVCacheBlocks, KVCacheManager
 
-- ``get_computed_blocks`` is ``BlockManager.match_prefix`` of the first
-  ``num_tokens - 1`` tokens: no references are taken, as in vLLM.
-- The first ``allocate_slots`` of a request admits it: ``admit`` with the
-  prompt up to just past the hit (so the manager reuses exactly the blocks
-  the scheduler accepted), reserving every slot the step needs, then
-  ``append`` of the rest of the step's tokens into that reserved room. Later
-  calls ``reserve`` the step's slots (lookahead and draft tokens included,
-  all or nothing), then ``append`` the tokens it adds (a chunk, a decoded
-  token) into that room.
-  Requests are admitted with ``chunked_prefill``: ``commit`` makes blocks
-  shareable when the step computing them is scheduled, which is when vLLM
-  caches them (``cache_blocks``, or at once unless ``delay_cache_blocks``).
-- ``free`` is ``BlockManager.free``: tail first, blocks stay cached.
-- ``evict_blocks`` is ``BlockManager.evict_blocks``: the blocks leave the
-  prefix index; requests holding them keep them.
+It reads of vLLM's ``Request`` only what vLLM's manager reads
+(``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
+``block_hashes``, ``status``, ``lora_request``, ``cache_salt``,
+``mm_features``, ``num_preemptions``, ``skip_reading_prefix_cache``), and
+imports vLLM only to hand back vLLM's own event and stats objects when vLLM is
+installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
+:class:`~mla_cache.CacheConfig`.
 
-Differences from vLLM's manager: two physical blocks are never cached under
-one hash (vLLM keeps both and announces both); the free queue is LRU with
-never-cached blocks reused first and finished requests freed tail first;
-block hashes are mla_cache's, computed in Rust (``request.block_hashes`` is
-not read); every call is thread-safe. Slots reserved for lookahead or
-draft tokens stay with the request until it is freed (as in vLLM, where
-they stay in its block list).
+vLLM's semantics, kept:
+
+- **Null block.** ``num_blocks`` counts vLLM's null block 0, never handed
+  out (the worker pads with it); the block manager holds the other
+  ``num_blocks - 1`` and its ids are shifted by one.
+- **Caching timing.** A request's full blocks become shareable (``commit``)
+  up to ``min(tokens, len(request.block_hashes) * hash_block_size)`` (less
+  multi-module MTP's re-prefill tail, ``num_prefill_lookahead - 1``): the
+  tokens vLLM has hashed, whichever call brought them (``allocate_slots``
+  or ``cache_blocks``), so hash-lookahead (EAGLE/MTP) blocks wait for their
+  lookahead tokens as in vLLM. Tokens reach the block manager only then, so a
+  decode step that needs no new block is a counter update.
+- **Deferred frees.** ``pop_blocks_for_free`` detaches a request and returns
+  its blocks; they stay allocated until the scheduler passes them to
+  ``block_pool.free_blocks``, once no in-flight step can write them.
+- **Admission gates.** ``watermark``, ``reserved_blocks`` and
+  ``full_sequence_must_fit`` only check that blocks fit, as vLLM does.
+- **Stats.** Prefix-cache stats are recorded only while caching is on and the
+  request reads the cache.
+
+Differences: two physical blocks are never cached under one hash (vLLM keeps
+both); a refused admission with a prefix hit (watermark, reserve, full
+sequence) touches the hit blocks' place in the free queue.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from dataclasses import dataclass
-from itertools import chain
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ._native import BlockManager, CacheConfig, ExtraKeys, MultiModalKey, OutOfBlocks
-from .kv_events import KVCacheEvent, convert
+from . import kv_events
 
 __all__ = [
     "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheManager",
     "PrefixCacheStats",
-    "RequestLike",
+    "UnsupportedLayout",
 ]
 
-
-class LoRARequestLike(Protocol):
-    """The attributes of vLLM's ``LoRARequest`` the manager reads."""
-
-    lora_name: str
-    lora_int_id: int
-    lora_path: str
+_MLA_SPECS = ("MLAAttentionSpec", "FullAttentionSpec")
+"""vLLM KV cache spec classes whose one-head form is MLA's latent cache."""
 
 
-class PlaceholderRangeLike(Protocol):
-    """Where a multimodal input's placeholder tokens sit in the prompt."""
-
-    offset: int
-    length: int
-
-
-class MultiModalFeatureLike(Protocol):
-    """The attributes of vLLM's ``MultiModalFeatureSpec`` the manager reads."""
-
-    identifier: str
-    mm_position: PlaceholderRangeLike
-
-
-class RequestLike(Protocol):
-    """The attributes of vLLM's ``Request`` the manager reads."""
-
-    request_id: str
-    all_token_ids: Sequence[int]
-    num_tokens: int
-    num_computed_tokens: int
-    lora_request: Optional[LoRARequestLike]
-    cache_salt: Optional[str]
-    mm_features: Sequence[MultiModalFeatureLike]
-
-
-class PreemptionCountLike(Protocol):
-    """A request that knows how often it was preempted (for stats)."""
-
-    num_tokens: int
-    num_preemptions: int
+class UnsupportedLayout(ValueError):
+    """The KV cache config has a layout MLA does not have."""
 
 
 class KVCacheBlock:
-    """One block of the cache, as the scheduler sees it: its ``block_id``.
-    The manager keeps one object per block id."""
+    """One block as the scheduler sees it. The manager keeps one object per
+    block id; block 0 is vLLM's null block."""
 
-    __slots__ = ("block_id",)
+    __slots__ = ("block_id", "block_hash_num_tokens")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
+        """The block's id (its slots are ``block_id * block_size + offset``)."""
+        self.block_hash_num_tokens: Optional[int] = None
+        """Tokens up to and including this block when it holds a cached
+        (committed) full block of a request; ``None`` otherwise."""
 
     @property
     def is_null(self) -> bool:
-        """Always ``False``: MLA's full attention needs no null block."""
-        return False
+        """Whether this is vLLM's null block (id 0)."""
+        return self.block_id == 0
 
     def __repr__(self) -> str:
         return f"KVCacheBlock(block_id={self.block_id})"
@@ -116,15 +92,17 @@ class KVCacheBlock:
 
 @dataclass
 class KVCacheBlocks:
-    """Blocks allocated to a request, per KV cache group (one for MLA): the
-    interface between the scheduler and the manager, as in vLLM."""
+    """Blocks of a request, per KV cache group (one for MLA): the interface
+    between the scheduler and the manager, as in vLLM."""
 
     blocks: Tuple[Sequence[KVCacheBlock], ...]
     """``blocks[group][i]``: the ``i``-th block of a group."""
 
     def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
         """Concatenates two results group by group."""
-        return KVCacheBlocks(tuple(list(chain(a, b)) for a, b in zip(self.blocks, other.blocks)))
+        return KVCacheBlocks(
+            tuple(list(itertools.chain(a, b)) for a, b in zip(self.blocks, other.blocks))
+        )
 
     def get_block_ids(
         self, allow_none: bool = False, *, group_ids: Optional[Sequence[int]] = None
@@ -136,6 +114,19 @@ class KVCacheBlocks:
             return None
         return tuple([b.block_id for b in g] for g in groups)
 
+    def get_unhashed_block_ids(self) -> List[int]:
+        """Ids of the blocks not (yet) cached, of the one group."""
+        if len(self.blocks) != 1:
+            raise ValueError("only one KV cache group is supported")
+        return self.get_unhashed_block_ids_all_groups()[0]
+
+    def get_unhashed_block_ids_all_groups(self) -> List[List[int]]:
+        """Ids of the blocks not (yet) cached, per group, null blocks left out."""
+        return [
+            [b.block_id for b in g if b.block_hash_num_tokens is None and b.block_id != 0]
+            for g in self.blocks
+        ]
+
     def new_empty(self) -> "KVCacheBlocks":
         """A result with the same groups and no blocks."""
         return KVCacheBlocks(tuple(() for _ in self.blocks))
@@ -144,7 +135,8 @@ class KVCacheBlocks:
 @dataclass
 class PrefixCacheStats:
     """Prefix cache hits since the last ``make_prefix_cache_stats``, with the
-    fields of vLLM's ``PrefixCacheStats`` (token counts)."""
+    fields of vLLM's ``PrefixCacheStats`` (token counts). Used when vLLM is
+    not installed; with vLLM, its own class is returned."""
 
     reset: bool = False
     """Whether ``reset_prefix_cache`` succeeded in the period."""
@@ -160,6 +152,8 @@ class PrefixCacheStats:
     """Their tokens."""
     preempted_hits: int = 0
     """Their tokens found in the cache."""
+    hits_by_source: Dict[Any, int] = field(default_factory=dict)
+    """Hits split by cache tier (connector stats only; empty here)."""
 
     def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
         """Counts one admission."""
@@ -173,19 +167,176 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
+def _stats_class() -> type:
+    """vLLM's ``PrefixCacheStats`` when vLLM is installed, else ours."""
+    try:
+        from vllm.v1.metrics.stats import PrefixCacheStats as VllmStats
+    except ImportError:
+        return PrefixCacheStats
+    return VllmStats
+
+
 @dataclass
 class _Tracked:
-    """What the adapter remembers of an admitted request."""
+    """What the adapter keeps of an admitted request."""
 
-    num_tokens: int
-    """Tokens given to the manager (their slots are allocated)."""
-    committed: int
-    """Tokens committed as computed (full blocks among them are shareable)."""
-    num_blocks: int
-    """Length of the block table."""
+    key: int
+    """The request's id in the block manager (fresh per admission, so a
+    re-admitted request never meets its own deferred free)."""
+    blocks: List[KVCacheBlock]
+    """Its block table (the list ``get_blocks`` hands out)."""
+    appended: int
+    """Tokens given to the block manager."""
+    cached_blocks: int
+    """Full blocks committed (shareable)."""
 
 
-def _lora_key(lora: LoRARequestLike) -> str:
+class _PoppedBlocks(List[KVCacheBlock]):
+    """The blocks ``pop_blocks_for_free`` returns: still allocated under
+    ``key`` until they come back to ``block_pool.free_blocks`` (as they are,
+    or through ``reversed``)."""
+
+    def __init__(self, key: int, blocks: List[KVCacheBlock]) -> None:
+        super().__init__(blocks)
+        self.key = key
+
+    def __reversed__(self) -> Iterator[KVCacheBlock]:
+        return _ReversedPopped(self)
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        if isinstance(index, slice):
+            return _PoppedBlocks(self.key, item)
+        return item
+
+
+class _ReversedPopped(Iterator[KVCacheBlock]):
+    """``reversed`` of popped blocks, still naming their allocation."""
+
+    def __init__(self, popped: _PoppedBlocks) -> None:
+        self.popped = popped
+        self._it = list.__reversed__(popped)
+
+    def __next__(self) -> KVCacheBlock:
+        return next(self._it)
+
+
+def check_layout(kv_cache_config: Any) -> Any:
+    """The one KV cache group's spec of a vLLM ``KVCacheConfig`` if it is
+    MLA's layout; raises :class:`UnsupportedLayout` naming it otherwise."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        names = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
+        raise UnsupportedLayout(
+            f"mla_cache serves one MLA KV cache group; got {len(groups)} groups ({names})"
+        )
+    spec = groups[0].kv_cache_spec
+    name = type(spec).__name__
+    if name not in _MLA_SPECS:
+        raise UnsupportedLayout(f"mla_cache serves MLA's latent cache; got a {name} group")
+    heads = getattr(spec, "num_kv_heads", 1)
+    if heads != 1:
+        raise UnsupportedLayout(f"mla_cache serves MLA's latent cache; got {name} with {heads} KV heads")
+    for attr in ("sliding_window", "attention_chunk_size"):
+        if getattr(spec, attr, None) is not None:
+            raise UnsupportedLayout(f"mla_cache serves full attention; got {name} with {attr}")
+    return spec
+
+
+class _GroupView:
+    """The face of vLLM's per-group manager that the scheduler reads
+    (``coordinator.single_type_managers[0]``)."""
+
+    def __init__(self, spec: Any, block_size: int) -> None:
+        self.kv_cache_spec = spec
+        """The group's vLLM spec."""
+        self.block_size = block_size
+        """Tokens per block."""
+        self.kv_cache_group_id = 0
+        """The group's index."""
+        self.retains_longer_hit = False
+        """Full attention keeps exactly the hit it uses."""
+        self.records_new_block_ids = False
+        """MLA's uniform-precision cache needs no zeroing of new blocks."""
+
+
+class _Coordinator:
+    """The members of vLLM's KV cache coordinator the scheduler reads."""
+
+    def __init__(self, owner: "KVCacheManager", spec: Any) -> None:
+        self._owner = owner
+        self.single_type_managers = (_GroupView(spec, owner.block_size),)
+        """One view per group (one here)."""
+        self.enable_partial_hash_hits = False
+        """Hits are whole blocks."""
+        self.eagle_group_ids: frozenset = frozenset({0}) if owner.use_eagle else frozenset()
+        """Groups that drop their last hit block for EAGLE."""
+        self.num_reprefillable_tokens = owner.num_reprefillable_tokens
+        """Tokens at a request's computed end that multi-module MTP may
+        prefill again (never cached)."""
+        self.block_pool = owner.block_pool
+        """The pool."""
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Any] = (), **_: Any
+    ) -> int:
+        """Blocks a request needs beyond those it holds to have ``num_tokens``
+        slots (hit blocks counted as held)."""
+        return self._owner._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
+
+
+class BlockPool:
+    """The members of vLLM's ``BlockPool`` the scheduler and the bundled KV
+    connectors read: counts, usage, events, and the deferred free."""
+
+    def __init__(self, owner: "KVCacheManager") -> None:
+        self._owner = owner
+        self.num_gpu_blocks: int = owner.num_blocks
+        """Blocks, vLLM's null block 0 included."""
+        self.enable_caching: bool = owner.enable_caching
+        """Whether blocks are shared by prefix."""
+        self.null_block: KVCacheBlock = owner._block_objs[0]
+        """vLLM's null block (never handed out)."""
+        self.blocks: List[KVCacheBlock] = owner._block_objs
+        """Every block object, by id."""
+        self.hash_block_size: int = owner.hash_block_size
+        """Tokens per hash of ``request.block_hashes``."""
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks that allocation can take (free, cached or not)."""
+        return self._owner._manager.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of blocks (the null block left out) in use."""
+        return self._owner._manager.usage
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Returns blocks ``pop_blocks_for_free`` handed out (as they are or
+        reversed; they go back tail first either way). Raises ``ValueError``
+        (nothing changes) for blocks from anywhere else."""
+        key = getattr(blocks, "key", None)
+        if key is None and isinstance(blocks, _ReversedPopped):
+            key = blocks.popped.key
+        if key is None:
+            if not list(blocks):
+                return
+            raise ValueError("free_blocks takes the blocks pop_blocks_for_free returned")
+        self._owner._release(key)
+
+    def take_events(self) -> list:
+        """The manager's events (see ``KVCacheManager.take_events``)."""
+        return self._owner.take_events()
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops blocks from the prefix cache (``KVCacheManager.evict_blocks``)."""
+        self._owner.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached block (``KVCacheManager.reset_prefix_cache``)."""
+        return self._owner._reset()
+
+
+def _lora_key(lora: Any) -> str:
     """The manager's adapter key: the name, and the path when there is one,
     so re-pointing a name at other weights does not reuse their KV."""
     path = getattr(lora, "lora_path", None)
@@ -193,106 +344,217 @@ def _lora_key(lora: LoRARequestLike) -> str:
 
 
 class KVCacheManager:
-    """vLLM v1's ``KVCacheManager`` interface over an mla_cache ``BlockManager``.
+    """vLLM v1's ``KVCacheManager`` over an mla_cache ``BlockManager``.
 
-    ``config`` sets the cache (``num_blocks`` is what vLLM calls
-    ``num_gpu_blocks``, ``block_size`` its block size); ``enable_caching``
-    and ``enable_kv_cache_events`` override the config's prefix caching and
-    events. ``max_model_len`` caps the slots of a request. With
-    ``log_stats``, admissions recorded with ``record_prefix_cache_stats`` are
-    returned by ``make_prefix_cache_stats``.
+    Takes the scheduler's own constructor keywords. ``kv_cache_config`` is
+    vLLM's ``KVCacheConfig`` (one MLA group, else :class:`UnsupportedLayout`);
+    ``cache_config`` (an mla_cache extension) sets the model's latent shape
+    (default: the ``deepseek-v3`` preset), its block count and block size
+    coming from vLLM's config. Parallel decode/prefill context
+    (``dcp_world_size``/``pcp_world_size`` > 1) and a ``hash_block_size``
+    other than the block size are refused with ``ValueError``.
     """
 
     def __init__(
         self,
+        kv_cache_config: Any,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: Optional[int] = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+        *,
+        cache_config: Optional[CacheConfig] = None,
+    ) -> None:
+        spec = check_layout(kv_cache_config)
+        block_size = getattr(spec, "block_size", scheduler_block_size)
+        if scheduler_block_size != block_size or hash_block_size != block_size:
+            raise ValueError(
+                f"block sizes differ (spec {block_size}, scheduler {scheduler_block_size}, "
+                f"hash {hash_block_size}); mla_cache needs one block size"
+            )
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError("decode/prefill context parallelism is not supported")
+        if watermark < 0.0:
+            raise ValueError("watermark must be non-negative")
+        num_blocks = int(kv_cache_config.num_blocks)
+        if num_blocks < 2:
+            raise ValueError("num_blocks must count the null block and at least one more")
+        if cache_config is None:
+            cache_config = CacheConfig.preset("deepseek-v3", num_blocks=num_blocks - 1)
+        config = cache_config.replace(
+            num_blocks=num_blocks - 1,
+            block_size=block_size,
+            enable_prefix_caching=enable_caching,
+            enable_events=enable_kv_cache_events,
+        )
+        self._manager = BlockManager(config)
+        self.kv_cache_config = kv_cache_config
+        """vLLM's config the manager was built from."""
+        self.num_blocks: int = num_blocks
+        """Blocks, vLLM's null block included."""
+        self.block_size: int = block_size
+        """Tokens per block."""
+        self.hash_block_size: int = hash_block_size
+        """Tokens per entry of ``request.block_hashes``."""
+        self.max_model_len: int = max_model_len
+        """Most slots a request may hold."""
+        self.enable_caching: bool = enable_caching
+        """Whether blocks are shared by prefix."""
+        self.enable_kv_cache_events: bool = enable_kv_cache_events
+        """Whether ``take_events`` reports events."""
+        self.use_eagle: bool = use_eagle
+        """Whether a hit drops its last block (EAGLE recomputes it)."""
+        self.num_reprefillable_tokens: int = max(0, num_prefill_lookahead - 1)
+        """The last computed tokens multi-module MTP may prefill again: they
+        are not cached until later tokens follow, as in vLLM."""
+        self.log_stats: bool = log_stats
+        """Whether prefix cache stats are kept."""
+        self.metrics_collector = metrics_collector
+        """vLLM's block residency metrics (not fed: blocks live in Rust)."""
+        self.num_kv_cache_groups: int = 1
+        """KV cache groups (MLA's one latent cache)."""
+        self.watermark_blocks: int = int(watermark * num_blocks)
+        """Blocks kept free when admitting waiting or preempted requests."""
+        self.mamba_shared_prefix_checkpoint: bool = False
+        """No Mamba groups."""
+        self.retained_hit_group_ids: Tuple[int, ...] = ()
+        """No group keeps a longer hit than it uses."""
+        self.empty_kv_cache_blocks: KVCacheBlocks = KVCacheBlocks(((),))
+        """The result with no blocks (shared, immutable)."""
+        self._stats_cls = _stats_class()
+        self.prefix_cache_stats = self._stats_cls() if log_stats else None
+        """Stats of the current period (``None`` without ``log_stats``)."""
+        self._block_objs = [KVCacheBlock(b) for b in range(num_blocks)]
+        self._requests: Dict[str, _Tracked] = {}
+        self._pending_free: set = set()
+        self._keys = itertools.count()
+        self._loras: Dict[str, Tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self.block_pool = BlockPool(self)
+        """vLLM's block pool face (KV connectors bind to it)."""
+        self.coordinator = _Coordinator(self, spec)
+        """vLLM's coordinator face (the scheduler reads it)."""
+
+    @classmethod
+    def from_config(
+        cls,
         config: CacheConfig,
         *,
         max_model_len: Optional[int] = None,
         enable_caching: bool = True,
         log_stats: bool = False,
         enable_kv_cache_events: bool = False,
-    ) -> None:
-        config = config.replace(
-            enable_prefix_caching=config.enable_prefix_caching and enable_caching,
-            enable_events=enable_kv_cache_events,
+        use_eagle: bool = False,
+    ) -> "KVCacheManager":
+        """A manager without vLLM: ``config.num_blocks`` blocks, vLLM's null
+        block among them, one MLA group of ``config.block_size``."""
+        return cls(
+            _StandaloneConfig(config.num_blocks, config.block_size),
+            max_model_len=max_model_len if max_model_len is not None else 1 << 40,
+            scheduler_block_size=config.block_size,
+            hash_block_size=config.block_size,
+            enable_caching=enable_caching and config.enable_prefix_caching,
+            use_eagle=use_eagle,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+            cache_config=config,
         )
-        self._manager = BlockManager(config)
-        self.block_size: int = config.block_size
-        """Tokens per block."""
-        self.max_model_len: Optional[int] = max_model_len
-        """Most slots a request may hold (``None``: no cap)."""
-        self.enable_caching: bool = config.enable_prefix_caching
-        """Whether blocks are shared by prefix."""
-        self.enable_kv_cache_events: bool = enable_kv_cache_events
-        """Whether ``take_events`` reports events."""
-        self.log_stats: bool = log_stats
-        """Whether prefix cache stats are kept."""
-        self.num_kv_cache_groups: int = 1
-        """KV cache groups (MLA's one latent cache)."""
-        self.empty_kv_cache_blocks: KVCacheBlocks = KVCacheBlocks(((),))
-        """The result with no blocks (shared, immutable)."""
-        self.prefix_cache_stats: Optional[PrefixCacheStats] = (
-            PrefixCacheStats() if log_stats else None
-        )
-        """Stats of the current period (``None`` without ``log_stats``)."""
-        self._blocks = [KVCacheBlock(b) for b in range(config.num_blocks)]
-        self._requests: Dict[str, _Tracked] = {}
-        self._loras: Dict[str, Tuple[str, int]] = {}
-        self._lock = threading.Lock()
 
     @property
     def manager(self) -> BlockManager:
-        """The block manager (for slot mappings and a ``LatentStore``)."""
+        """The block manager (its ids are vLLM's minus one)."""
         return self._manager
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks in use, ``0.0 ..= 1.0``."""
+        """Fraction of blocks in use, ``0.0 ..= 1.0`` (null block left out)."""
         return self._manager.usage
 
-    def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
+    # ----- stats -------------------------------------------------------------
+
+    def make_prefix_cache_stats(self) -> Any:
         """The stats since the last call, starting a new period; ``None``
         without ``log_stats``."""
-        if self.prefix_cache_stats is None:
+        if not self.log_stats:
             return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, self._stats_cls()
         return stats
 
-    def record_prefix_cache_stats(self, request: PreemptionCountLike, num_hits: int) -> None:
-        """Counts an admission that found ``num_hits`` tokens cached (the
-        scheduler calls this once it admits a request)."""
-        if self.prefix_cache_stats is not None:
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        """Whether a prefix lookup runs for the request."""
+        return self.enable_caching and not getattr(request, "skip_reading_prefix_cache", False)
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Counts an admission that found ``num_hits`` tokens cached; nothing
+        while caching is off or the request skips the lookup."""
+        if self.log_stats and self.prefix_cache_lookup_enabled(request):
             self.prefix_cache_stats.record(
-                request.num_tokens, num_hits, request.num_preemptions > 0
+                num_tokens=request.num_tokens,
+                num_hits=num_hits,
+                preempted=request.num_preemptions > 0,
             )
 
+    # ----- lookups -----------------------------------------------------------
+
     def get_computed_blocks(
-        self, request: RequestLike, max_cache_hit_length: Optional[int] = None
+        self, request: Any, max_cache_hit_length: Optional[int] = None
     ) -> Tuple[KVCacheBlocks, int, int]:
-        """The cached full blocks of the longest cached prefix of the request,
-        at most ``max_cache_hit_length`` tokens and never more than
-        ``num_tokens - 1`` (the last token is recomputed for its logits, and
-        admission passes the manager one token past the hit): ``(blocks,
-        num_computed_tokens, 0)``. Takes no references: pass the blocks to
-        ``allocate_slots`` before anything else allocates. The third value is
-        vLLM's shared-prefix boundary of sparse groups, always 0 here."""
-        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        """The cached full blocks of the request's longest cached prefix, at
+        most ``max_cache_hit_length`` tokens (default ``num_tokens - 1``: the
+        last token is recomputed for its logits); with ``use_eagle`` the last
+        hit block is dropped. ``(blocks, num_computed_tokens, 0)``; no
+        references are taken. The third value is vLLM's shared-prefix
+        boundary of sparse groups, always 0 here."""
+        if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         limit = request.num_tokens - 1
         if max_cache_hit_length is not None:
             limit = min(limit, max_cache_hit_length)
-        if limit < self.block_size:
+        bs = self.block_size
+        if limit < bs:
             return self.empty_kv_cache_blocks, 0, 0
-        found = self._manager.match_prefix(
-            request.all_token_ids[:limit], extra_keys=self._extra_keys(request)
-        )
-        if found.num_tokens == 0:
+        tokens = request.all_token_ids
+        keys = self._extra_keys(request)
+        # A hit starts with the first block: when that one misses (most
+        # requests), no token past it is passed or hashed.
+        if limit >= 2 * bs and self._manager.match_prefix(tokens[:bs], extra_keys=keys).num_tokens == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        return self._wrap(found.block_ids.tolist()), found.num_tokens, 0
+        found = self._manager.match_prefix(tokens[: limit - limit % bs], extra_keys=keys)
+        n = found.num_tokens // self.block_size
+        if self.use_eagle and n:
+            n -= 1
+        if n == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        objs = self._block_objs
+        return KVCacheBlocks(([objs[b + 1] for b in found.block_ids[:n].tolist()],)), n * self.block_size, 0
+
+    def get_computed_blocks_for_connector(
+        self, request: Any, max_cache_hit_length: Optional[int] = None
+    ) -> Tuple[KVCacheBlocks, int, int, bool]:
+        """``get_computed_blocks`` plus ``hit_diverged`` (never: one group)."""
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request in cached (committed) full blocks."""
+        tracked = self._requests.get(request.request_id)
+        return 0 if tracked is None else tracked.cached_blocks * self.block_size
+
+    # ----- allocation --------------------------------------------------------
 
     def allocate_slots(
         self,
-        request: RequestLike,
+        request: Any,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: Optional[KVCacheBlocks] = None,
@@ -301,127 +563,313 @@ class KVCacheManager:
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
         full_sequence_must_fit: bool = False,
-        *,
-        decode_slots: int = 0,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Tuple[int, ...] = (),
     ) -> Optional[KVCacheBlocks]:
         """Allocates slots for ``num_new_tokens`` tokens to compute (and
         ``num_lookahead_tokens`` speculative ones) after the request's
         computed tokens, its new prefix hit (``num_new_computed_tokens``
-        tokens in ``new_computed_blocks``, from ``get_computed_blocks``) and
-        ``num_external_computed_tokens`` loaded by a KV connector. Returns the
-        newly allocated blocks, or ``None`` (nothing changed) when they do not
-        fit now.
+        tokens in ``new_computed_blocks``) and ``num_external_computed_tokens``
+        loaded by a KV connector. Returns the new blocks, or ``None`` (nothing
+        changed) when they do not fit in the free blocks less
+        ``reserved_blocks`` (and the watermark, for a waiting or preempted
+        request when ``has_scheduled_reqs``); with ``full_sequence_must_fit``
+        the whole sequence must fit too (checked, not reserved). Unless
+        ``delay_cache_blocks``, the blocks of the step's hashed tokens become
+        shareable. ``skip_zeroing_group_ids`` changes nothing (no zeroing).
 
-        The first call admits the request, all or nothing; with
-        ``full_sequence_must_fit`` it reserves room for all ``num_tokens``
-        tokens, so later chunks never wait, and ``decode_slots`` (an
-        mla_cache extension) reserves that many more for generated tokens.
-        Then the blocks covering the request's known tokens become shareable
-        unless ``delay_cache_blocks`` (``cache_blocks`` does it later).
-
-        Slots past the request's known tokens (``num_lookahead_tokens``,
-        draft tokens scheduled for verification) are reserved without tokens
-        (``BlockManager.reserve``); the blocks stay with the request, and
-        later tokens fill them first.
-
-        Raises ``ValueError`` for a request that can never fit or for
-        arguments vLLM also rejects, and ``RuntimeError`` if the hit was
-        evicted since ``get_computed_blocks``.
-        """
+        Raises ``ValueError`` where vLLM does (nothing to compute or adopt)
+        and for encoder tokens; ``RuntimeError`` if the hit was evicted since
+        ``get_computed_blocks``."""
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
-            raise ValueError("num_new_tokens must be positive when no computed tokens are adopted")
+            raise ValueError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
         if num_encoder_tokens:
             raise ValueError("encoder-decoder models are not supported (MLA models are decoder-only)")
-        total_computed = (
-            request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
+        total_computed = min(
+            request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens,
+            self.max_model_len,
         )
-        slots = total_computed + num_new_tokens + num_lookahead_tokens
-        if self.max_model_len is not None:
-            total_computed = min(total_computed, self.max_model_len)
-            slots = min(slots, self.max_model_len)
-        known = min(total_computed + num_new_tokens, request.num_tokens)
+        slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        bs = self.block_size
         with self._lock:
             tracked = self._requests.get(request.request_id)
             if tracked is None:
-                if full_sequence_must_fit:
-                    whole = request.num_tokens
-                    if self.max_model_len is not None:
-                        whole = min(whole, self.max_model_len)
-                    slots = max(slots, whole)
-                new_ids = self._admit(
-                    request, num_new_computed_tokens, new_computed_blocks, known, slots + decode_slots
+                watermark = 0
+                if has_scheduled_reqs and _is_waiting(request):
+                    watermark = self.watermark_blocks
+                tracked, new = self._admit(
+                    request,
+                    num_new_computed_tokens,
+                    new_computed_blocks,
+                    slots,
+                    reserved_blocks + watermark,
+                    watermark if full_sequence_must_fit else None,
                 )
-            elif num_new_computed_tokens:
-                raise ValueError("a running request takes no new prefix hits")
+                if tracked is None:
+                    return None
             else:
-                new_ids = self._grow(request, tracked, known, slots)
-            if new_ids is None:
-                return None
+                if num_new_computed_tokens:
+                    raise ValueError("a running request takes no new prefix hits")
+                held = len(tracked.blocks)
+                need = -(-slots // bs) - held
+                if need > 0:
+                    if self._manager.num_free_blocks - reserved_blocks < need:
+                        return None
+                    try:
+                        if self.enable_caching and slots <= request.num_tokens:
+                            # Every slot holds a known token (a prefill chunk):
+                            # one call hands them over and takes the blocks.
+                            grown = self._manager.append(
+                                tracked.key, request.all_token_ids[tracked.appended : slots]
+                            )
+                            tracked.appended = slots
+                        else:
+                            grown = self._manager.reserve(tracked.key, slots)
+                    except OutOfBlocks:
+                        return None
+                    new = self._take_new(tracked, grown.new_block_ids.tolist())
+                else:
+                    new = None
             if not delay_cache_blocks:
-                self._commit(request.request_id, known)
-        return self._wrap(new_ids)
+                self._cache(request, tracked, min(total_computed + num_new_tokens, request.num_tokens))
+        if not new:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((new,))
 
-    def free(self, request: RequestLike) -> None:
-        """Frees the request's blocks, tail first, so the deepest blocks of a
-        prefix go before its root; full blocks stay cached until evicted.
-        A request holding no blocks is ignored."""
-        with self._lock:
-            if self._requests.pop(request.request_id, None) is not None:
-                self._manager.free(request.request_id)
-
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
-        """Makes the full blocks among the request's first
-        ``num_computed_tokens`` tokens shareable (after a delayed KV load)."""
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """Makes the request's full blocks among its first
+        ``num_computed_tokens`` tokens shareable (those vLLM has hashed),
+        whether or not the tokens came through ``allocate_slots``."""
         if self.enable_caching:
             with self._lock:
-                self._commit(request.request_id, num_computed_tokens)
+                tracked = self._requests.get(request.request_id)
+                if tracked is not None:
+                    self._cache(request, tracked, num_computed_tokens)
 
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's blocks (empty for an unknown request)."""
+    # ----- freeing -----------------------------------------------------------
+
+    def free(self, request: Any) -> None:
+        """Frees the request's blocks at once, tail first (full blocks stay
+        cached until evicted). A request holding no blocks is ignored."""
         with self._lock:
-            if request_id not in self._requests:
-                return self.empty_kv_cache_blocks
-            table = self._manager.block_table(request_id).tolist()
-        return self._wrap(table)
+            tracked = self._requests.pop(request.request_id, None)
+            if tracked is not None:
+                self._manager.free(tracked.key)
 
-    def get_block_ids(self, request_id: str) -> Tuple[List[int], ...]:
-        """The request's block ids, per group."""
-        ids = self.get_blocks(request_id).get_block_ids()
-        assert ids is not None
-        return ids
+    def pop_blocks_for_free(self, request: Any) -> List[KVCacheBlock]:
+        """Detaches the request and returns its blocks in table order, still
+        allocated: pass them (or ``reversed`` of them) to
+        ``block_pool.free_blocks`` once no in-flight step writes them."""
+        with self._lock:
+            tracked = self._requests.pop(request.request_id, None)
+            if tracked is None:
+                return []
+            self._pending_free.add(tracked.key)
+            return _PoppedBlocks(tracked.key, tracked.blocks)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> List[int]:
-        """Blocks common to all running requests, per group: always 0, as in
-        vLLM 0.33 (cascade attention was removed)."""
-        return [0] * self.num_kv_cache_groups
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: Optional[int] = None
+    ) -> None:
+        """Nothing: full attention skips no blocks."""
+
+    def finalize_partial_tail_offloads(self, request: Any) -> List[Tuple[int, int, int]]:
+        """No Mamba boundary states: always empty."""
+        return []
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the given blocks (vLLM ids) from the prefix cache, as vLLM
+        does when a KV connector reports them unreadable; requests holding
+        them keep them. Raises ``ValueError`` (nothing changes) for an id
+        outside the cache or the null block."""
+        ids = list(block_ids)
+        if any(not 0 < b < self.num_blocks for b in ids):
+            raise ValueError(f"block ids must be in 1..{self.num_blocks - 1}: {ids}")
+        with self._lock:
+            self._manager.evict_blocks([b - 1 for b in ids])
+            for b in ids:
+                self._block_objs[b].block_hash_num_tokens = None
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached block; ``False`` (nothing changes) while any
         block is in use."""
-        with self._lock:
-            done = self._manager.reset_prefix_cache()
-        if done and self.prefix_cache_stats is not None:
+        done = self._reset()
+        if done and self.log_stats:
             self.prefix_cache_stats.reset = True
         return done
 
-    def take_events(self) -> List[KVCacheEvent]:
+    # ----- reads -------------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks (the live table; empty for an unknown one)."""
+        tracked = self._requests.get(request_id)
+        if tracked is None or not tracked.blocks:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((tracked.blocks,))
+
+    def get_block_ids(self, request_id: str) -> Tuple[List[int], ...]:
+        """The request's block ids, per group."""
+        tracked = self._requests.get(request_id)
+        return ([b.block_id for b in tracked.blocks] if tracked is not None else [],)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> Tuple[List[int], ...]:
+        """The ids of the blocks covering the first ``num_computed_tokens``."""
+        (ids,) = self.get_block_ids(request_id)
+        return (ids[: -(-num_computed_tokens // self.block_size)],)
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """The first ``num_computed_tokens`` (block aligned) of a lookup
+        result; ``ValueError`` when unaligned or longer than the result."""
+        n, rest = divmod(num_computed_tokens, self.block_size)
+        if rest or n > len(blocks.blocks[0]):
+            raise ValueError(f"cannot truncate {len(blocks.blocks[0])} blocks to {num_computed_tokens} tokens")
+        return KVCacheBlocks((list(blocks.blocks[0][:n]),)) if n else self.empty_kv_cache_blocks
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> List[int]:
+        """Always 0 per group, as in vLLM 0.33 (cascade attention was removed)."""
+        return [0] * self.num_kv_cache_groups
+
+    # ----- per-step hand-offs ------------------------------------------------
+
+    def new_step_starts(self) -> None:
+        """Nothing to do at a step's start."""
+
+    def take_new_block_ids(self) -> List[int]:
+        """Always empty: MLA's uniform-precision cache needs no zeroing."""
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Nothing: no zeroing (``start_token`` must still be block aligned)."""
+        if start_token % self.block_size:
+            raise ValueError("start_token must be block aligned")
+
+    def take_kv_cache_block_copies(self) -> Tuple[list, List[KVCacheBlock]]:
+        """Always ``([], [])``: full-block hits need no copy-on-write."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> Dict[str, List[Tuple[int, int, int]]]:
+        """Always empty: no Mamba boundary states."""
+        return {}
+
+    def take_events(self) -> list:
         """Events since the last call, oldest first (empty unless
         ``enable_kv_cache_events``): ``BlockStored``, ``BlockRemoved``,
-        ``AllBlocksCleared`` with vLLM's fields."""
-        return convert(self._manager.take_events(), self._lora_of)
+        ``AllBlocksCleared`` — vLLM's own classes when vLLM is installed
+        (so its publisher sends them), else :mod:`mla_cache.kv_events`."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = kv_events.convert(self._manager.take_events(), self._lora_of)
+        return _to_vllm_events(events, self.coordinator.single_type_managers[0].kv_cache_spec)
 
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drops the given blocks from the prefix cache, as vLLM does when a
-        KV connector reports them unreadable: no later request hits them. A
-        free one is reused before any cached block; one that requests hold
-        stays theirs (the scheduler fails or recomputes those requests), and
-        is freed as uncached. Blocks not cached are skipped. Raises
-        ``ValueError`` (nothing changes) for an id outside the cache, where
-        vLLM asserts, or for a block pinned through ``manager.pin``."""
+    # ----- internals ---------------------------------------------------------
+
+    def _blocks_to_allocate(self, request_id: str, num_tokens: int, hit: Sequence[Any]) -> int:
+        tracked = self._requests.get(request_id)
+        held = len(tracked.blocks) if tracked is not None else len(hit)
+        return max(-(-num_tokens // self.block_size) - held, 0)
+
+    def _admit(
+        self,
+        request: Any,
+        hit: int,
+        hit_blocks: Optional[KVCacheBlocks],
+        slots: int,
+        keep_free: int,
+        full_watermark: Optional[int],
+    ) -> Tuple[Optional[_Tracked], Optional[List[KVCacheBlock]]]:
+        """Admits a request with exactly the hit the scheduler accepted and
+        ``slots`` slots; ``(None, None)`` if fewer than ``keep_free`` blocks
+        would stay free (or, with ``full_watermark``, the whole sequence
+        would not fit above it)."""
+        bs = self.block_size
+        expected = [] if hit_blocks is None else list(hit_blocks.blocks[0])
+        if hit % bs or len(expected) * bs != hit:
+            raise ValueError(f"a hit of {hit} tokens does not match {len(expected)} blocks")
+        # One token past the hit, so the manager reuses exactly the hit.
+        head = hit + 1
+        key = next(self._keys)
+        try:
+            admission = self._manager.admit(
+                key,
+                request.all_token_ids[:head],
+                decode_slots=max(slots, head) - head,
+                extra_keys=self._extra_keys(request),
+                chunked_prefill=True,
+            )
+        except OutOfBlocks:
+            return None, None
+        table = admission.block_ids.tolist()
+        n = hit // bs
+        if admission.num_cached_tokens != hit or [b + 1 for b in table[:n]] != [
+            b.block_id for b in expected
+        ]:
+            self._manager.free(key)
+            raise RuntimeError(f"request {request.request_id}: the prefix hit changed since get_computed_blocks")
+        free_after = self._manager.num_free_blocks
+        short = free_after < keep_free
+        if full_watermark is not None and not short:
+            whole = -(-min(request.num_tokens, self.max_model_len) // bs)
+            short = free_after < max(whole - len(table), 0) + full_watermark
+        if short:
+            self._manager.free(key)
+            return None, None
+        tracked = _Tracked(key=key, blocks=list(expected), appended=head, cached_blocks=n)
+        self._requests[request.request_id] = tracked
+        return tracked, self._take_new(tracked, table[n:])
+
+    def _take_new(self, tracked: _Tracked, ids: List[int]) -> List[KVCacheBlock]:
+        """Appends freshly allocated blocks (block manager ids) to a table."""
+        objs = self._block_objs
+        new = [objs[b + 1] for b in ids]
+        for b in new:
+            b.block_hash_num_tokens = None
+        tracked.blocks.extend(new)
+        return new
+
+    def _cache(self, request: Any, tracked: _Tracked, num_tokens: int) -> None:
+        """Commits the full blocks among the first ``num_tokens`` tokens that
+        vLLM has hashed, handing the manager their tokens first."""
+        if not self.enable_caching:
+            return
+        bs = self.block_size
+        # Never past the slots held: tokens only fill room already allocated.
+        full = min(
+            num_tokens - self.num_reprefillable_tokens,
+            len(request.block_hashes) * self.hash_block_size,
+            len(tracked.blocks) * bs,
+        ) // bs
+        if full <= tracked.cached_blocks:
+            return
+        upto = full * bs
+        if upto > tracked.appended:
+            self._manager.append(tracked.key, request.all_token_ids[tracked.appended : upto])
+            tracked.appended = upto
+        self._manager.commit(tracked.key, upto)
+        for i in range(tracked.cached_blocks, full):
+            tracked.blocks[i].block_hash_num_tokens = (i + 1) * bs
+        tracked.cached_blocks = full
+
+    def _release(self, key: int) -> None:
+        """Frees a popped allocation (once)."""
         with self._lock:
-            self._manager.evict_blocks(block_ids)
+            if key not in self._pending_free:
+                raise ValueError("these blocks were already freed")
+            self._pending_free.discard(key)
+            self._manager.free(key)
 
-    def _extra_keys(self, request: RequestLike) -> Optional[ExtraKeys]:
+    def _reset(self) -> bool:
+        with self._lock:
+            done = self._manager.reset_prefix_cache()
+            if done:
+                for b in self._block_objs:
+                    b.block_hash_num_tokens = None
+        return done
+
+    def _extra_keys(self, request: Any) -> Optional[ExtraKeys]:
         """The keys beyond token ids that decide sharing: LoRA, salt, media."""
         lora = request.lora_request
         adapter = None
@@ -440,87 +888,67 @@ class KVCacheManager:
         """``(lora_name, lora_id)`` of an adapter key."""
         if adapter is None:
             return None, None
-        name, lora_id = self._loras[adapter]
-        return name, lora_id
+        return self._loras[adapter]
 
-    def _admit(
-        self,
-        request: RequestLike,
-        hit: int,
-        hit_blocks: Optional[KVCacheBlocks],
-        known: int,
-        slots: int,
-    ) -> Optional[List[int]]:
-        """Admits a request with exactly the hit the scheduler accepted and
-        ``slots`` slots; returns its fresh blocks, or ``None`` if they do not
-        fit. The prompt goes in up to one token past the hit, so the manager
-        reuses no more than the hit; the rest fills the reserved room."""
-        bs = self.block_size
-        expected = [] if hit_blocks is None else hit_blocks.blocks[0]
-        if hit % bs or len(expected) * bs != hit:
-            raise ValueError(f"a hit of {hit} tokens does not match {len(expected)} blocks")
-        head = hit + 1
-        # Adopting a hit with nothing to compute still admits one token past it.
-        known = max(known, head)
-        tokens = request.all_token_ids
-        rid = request.request_id
-        try:
-            admission = self._manager.admit(
-                rid,
-                tokens[:head],
-                decode_slots=max(slots, known) - head,
-                extra_keys=self._extra_keys(request),
-                chunked_prefill=True,
+
+def _is_waiting(request: Any) -> bool:
+    """Whether vLLM's watermark applies: the request waits or was preempted."""
+    status = getattr(request, "status", None)
+    return getattr(status, "name", None) in ("WAITING", "PREEMPTED")
+
+
+class _StandaloneConfig:
+    """The two fields of vLLM's ``KVCacheConfig`` a manager built without
+    vLLM needs: a block count and one MLA group."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.kv_cache_groups = [_StandaloneGroup(MLAAttentionSpec(block_size))]
+
+
+@dataclass
+class MLAAttentionSpec:
+    """Stands for vLLM's ``MLAAttentionSpec`` when vLLM is not installed."""
+
+    block_size: int
+    """Tokens per block."""
+    num_kv_heads: int = 1
+    """One latent per token."""
+
+
+@dataclass
+class _StandaloneGroup:
+    kv_cache_spec: MLAAttentionSpec
+
+
+def _to_vllm_events(events: List[kv_events.KVCacheEvent], spec: Any) -> list:
+    """The events as vLLM's own ``vllm.distributed.kv_events`` objects when
+    vLLM is installed (its publisher encodes only those), else unchanged."""
+    if not events:
+        return events
+    try:
+        from vllm.distributed import kv_events as vk
+    except ImportError:
+        return events
+    kind = "mla_attention" if type(spec).__name__ == "MLAAttentionSpec" else "full_attention"
+    out: list = []
+    for e in events:
+        if isinstance(e, kv_events.BlockStored):
+            out.append(
+                vk.BlockStored(
+                    block_hashes=list(e.block_hashes),
+                    parent_block_hash=e.parent_block_hash,
+                    token_ids=list(e.token_ids),
+                    block_size=e.block_size,
+                    lora_id=e.lora_id,
+                    medium=e.medium,
+                    lora_name=e.lora_name,
+                    group_idx=0,
+                    kv_cache_spec_kind=kind,
+                )
             )
-        except OutOfBlocks:
-            return None
-        table: List[int] = admission.block_ids.tolist()
-        n = hit // bs
-        if admission.num_cached_tokens != hit or table[:n] != [b.block_id for b in expected]:
-            self._manager.free(rid)
-            raise RuntimeError(
-                f"request {rid}: the prefix hit changed since get_computed_blocks"
-            )
-        if known > head:
-            self._manager.append(rid, tokens[head:known])
-        self._requests[rid] = _Tracked(num_tokens=known, committed=hit, num_blocks=len(table))
-        return table[n:]
-
-    def _grow(
-        self, request: RequestLike, tracked: _Tracked, known: int, slots: int
-    ) -> Optional[List[int]]:
-        """Reserves a running request's ``slots`` (all or nothing), then
-        appends its new known tokens into that room; returns its new blocks,
-        or ``None`` (nothing changed) if they do not fit."""
-        rid = request.request_id
-        new_ids: List[int] = []
-        if -(-max(slots, known) // self.block_size) > tracked.num_blocks:
-            try:
-                reserved = self._manager.reserve(rid, max(slots, known))
-            except OutOfBlocks:
-                return None
-            new_ids = reserved.new_block_ids.tolist()
-        if known > tracked.num_tokens:
-            # Fills reserved room: takes no block (and copies none: no forks here).
-            self._manager.append(rid, request.all_token_ids[tracked.num_tokens : known])
-            tracked.num_tokens = known
-        tracked.num_blocks += len(new_ids)
-        return new_ids
-
-    def _commit(self, request_id: str, num_computed_tokens: int) -> None:
-        """Commits up to ``num_computed_tokens`` of the request's known tokens."""
-        tracked = self._requests.get(request_id)
-        if tracked is None:
-            return
-        upto = min(num_computed_tokens, tracked.num_tokens)
-        # Only full blocks become shareable: a commit inside a block changes nothing.
-        if upto // self.block_size > tracked.committed // self.block_size:
-            self._manager.commit(request_id, upto)
-            tracked.committed = upto
-
-    def _wrap(self, block_ids: List[int]) -> KVCacheBlocks:
-        """Block ids as a ``KVCacheBlocks`` of the shared block objects."""
-        if not block_ids:
-            return self.empty_kv_cache_blocks
-        blocks = self._blocks
-        return KVCacheBlocks(([blocks[b] for b in block_ids],))
+        elif isinstance(e, kv_events.BlockRemoved):
+            out.append(vk.BlockRemoved(block_hashes=list(e.block_hashes), medium=e.medium, group_idx=0))
+        else:
+            out.append(vk.AllBlocksCleared())
+    return out

@@ -50,9 +50,16 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 
+    @property
+    def block_hashes(self) -> List[int]:
+        """One entry per full block, as vLLM's block hasher keeps them (the
+        adapter reads only how many there are)."""
+        return [0] * (self.num_tokens // BS)
+
 
 def make(num_blocks=16, **kw):
-    return KVCacheManager(small_config(num_blocks, BS), **kw)
+    """A manager with ``num_blocks`` usable blocks (vLLM's null block on top)."""
+    return KVCacheManager.from_config(small_config(num_blocks + 1, BS), **kw)
 
 
 def schedule_prefill(m, req, budget=None):
@@ -80,15 +87,16 @@ def test_prefill_hits_full_blocks_of_an_earlier_request():
     m = make()
     a = Request("a", list(range(10)))  # 2 full blocks + 2 tokens
     new, hit = schedule_prefill(m, a)
-    assert hit == 0 and new.get_block_ids() == ([0, 1, 2],)
-    assert m.get_block_ids("a") == ([0, 1, 2],)
+    # Block 0 is vLLM's null block: never handed out.
+    assert hit == 0 and new.get_block_ids() == ([1, 2, 3],)
+    assert m.get_block_ids("a") == ([1, 2, 3],)
     # vLLM test_prefill: a request with the same prefix hits the full blocks.
     b = Request("b", list(range(8)) + [99, 98, 97])
     blocks, hit, _ = m.get_computed_blocks(b)
-    assert hit == 8 and blocks.get_block_ids() == ([0, 1],)
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
     new = m.allocate_slots(b, b.num_tokens - hit, hit, blocks)
-    assert new.get_block_ids() == ([3],)
-    assert (blocks + new).get_block_ids() == ([0, 1, 3],)
+    assert new.get_block_ids() == ([4],)
+    assert (blocks + new).get_block_ids() == ([1, 2, 4],)
     assert m.usage == pytest.approx(4 / 16)
     m.manager._check_invariants()
 
@@ -117,17 +125,17 @@ def test_chunked_prefill_allocates_per_chunk_and_shares_only_scheduled_blocks():
     m = make()
     req = Request("a", list(range(14)))
     new, hit = schedule_prefill(m, req, budget=5)
-    assert new.get_block_ids() == ([0, 1],)
+    assert new.get_block_ids() == ([1, 2],)
     # Only the first full block was scheduled: others hit it, not the second.
     assert m.get_computed_blocks(Request("x", list(range(14))))[1] == 4
     new = m.allocate_slots(req, 5)
     req.num_computed_tokens += 5
-    assert new.get_block_ids() == ([2],)
+    assert new.get_block_ids() == ([3],)
     assert m.get_computed_blocks(Request("x", list(range(14))))[1] == 8
     new = m.allocate_slots(req, 4)
     req.num_computed_tokens += 4
-    assert new.get_block_ids() == ([3],)
-    assert m.get_block_ids("a") == ([0, 1, 2, 3],)
+    assert new.get_block_ids() == ([4],)
+    assert m.get_block_ids("a") == ([1, 2, 3, 4],)
     assert m.get_computed_blocks(Request("x", list(range(15))))[1] == 12
     m.manager._check_invariants()
 
@@ -138,7 +146,7 @@ def test_decode_fills_the_tail_then_takes_a_block_and_caches_it():
     schedule_prefill(m, req)
     assert decode(m, req, 100).get_block_ids() == ([],)
     assert decode(m, req, 101).get_block_ids() == ([],)
-    assert decode(m, req, 102).get_block_ids() == ([2],)
+    assert decode(m, req, 102).get_block_ids() == ([3],)
     # The block filled by decoding is cached: a follow-up turn hits it.
     follow = Request("b", req.all_token_ids[:8] + [7, 7])
     assert m.get_computed_blocks(follow)[1] == 8
@@ -233,24 +241,19 @@ def test_delay_cache_blocks_defers_sharing_until_cache_blocks():
     assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 8
 
 
-def test_full_sequence_must_fit_reserves_the_whole_prompt():
+def test_full_sequence_must_fit_checks_the_whole_prompt_fits():
+    """As in vLLM: the whole sequence must fit in the free blocks, but only
+    the step's blocks are taken."""
     m = make(num_blocks=4)
     req = Request("a", list(range(15)))
     new = m.allocate_slots(req, 4, full_sequence_must_fit=True)
-    assert len(new.get_block_ids()[0]) == 4
-    assert m.allocate_slots(Request("b", [1, 2]), 2) is None
-    req.num_computed_tokens = 4
-    assert m.allocate_slots(req, 11).get_block_ids() == ([],)
-
-
-def test_decode_slots_reserve_room_for_generated_tokens():
-    m = make()
-    req = Request("a", list(range(4)))
-    new = m.allocate_slots(req, 4, decode_slots=8)
-    assert len(new.get_block_ids()[0]) == 3
-    req.num_computed_tokens = 4
-    for t in range(8):
-        assert decode(m, req, 50 + t).get_block_ids() == ([],)
+    assert len(new.get_block_ids()[0]) == 1
+    # 3 blocks free: a 13-token request (4 blocks) does not fit as a whole...
+    big = Request("b", list(range(100, 113)))
+    assert m.allocate_slots(big, 4, full_sequence_must_fit=True) is None
+    assert m.manager.num_free_blocks == 3
+    # ...but its first chunk does without the check.
+    assert len(m.allocate_slots(big, 4).get_block_ids()[0]) == 1
 
 
 def test_lookahead_slots_are_allocated_as_vllm_does():
@@ -274,9 +277,7 @@ def test_speculative_decoding_reserves_draft_and_lookahead_slots():
     new = m.allocate_slots(req, 3, num_lookahead_tokens=2)
     assert len(new.get_block_ids()[0]) == 2
     table = m.get_block_ids("a")[0]
-    assert m.manager.num_tokens("a") == 5  # drafts are slots, not tokens
-    slots = m.manager.slot_mapping("a", 5, 9)
-    assert slots.tolist() == [table[p // BS] * BS + p % BS for p in range(5, 9)]
+    assert len(table) == 3 and 0 not in table
     # One draft accepted plus the bonus token: they fill the reserved room.
     req.num_computed_tokens = 5
     req.all_token_ids += [101, 102]
@@ -296,9 +297,8 @@ def test_lookahead_that_does_not_fit_changes_nothing():
     req.all_token_ids.append(9)
     # 4 computed + 1 + 8 lookahead = 13 slots: 3 more blocks, 1 free.
     assert m.allocate_slots(req, 1, num_lookahead_tokens=8) is None
-    assert m.manager.num_tokens("a") == 4 and m.manager.num_free_blocks == 1
-    assert m.allocate_slots(req, 1, num_lookahead_tokens=3).get_block_ids() == ([3],)
-    assert m.manager.num_tokens("a") == 5
+    assert len(m.get_block_ids("a")[0]) == 1 and m.manager.num_free_blocks == 1
+    assert m.allocate_slots(req, 1, num_lookahead_tokens=3).get_block_ids() == ([4],)
     m.manager._check_invariants()
 
 
@@ -327,8 +327,10 @@ def test_evict_blocks_after_a_failed_kv_load():
     m.evict_blocks([table[0]])
     assert m.get_computed_blocks(Request("d", list(range(13))))[1] == 0
     m.evict_blocks(set())
-    with pytest.raises(ValueError, match="invalid block id"):
-        m.evict_blocks({8})
+    with pytest.raises(ValueError, match="block ids must be in"):
+        m.evict_blocks({9})
+    with pytest.raises(ValueError, match="block ids must be in"):
+        m.evict_blocks({0})  # the null block
     m.manager._check_invariants()
 
 
@@ -408,11 +410,14 @@ def test_prefix_cache_stats_split_preempted_requests():
 def test_block_objects_and_results_behave_like_vllms():
     m = make()
     new, _ = schedule_prefill(m, Request("a", list(range(9))))
-    assert [b.block_id for b in new.blocks[0]] == [0, 1, 2]
+    assert [b.block_id for b in new.blocks[0]] == [1, 2, 3]
     assert not new.blocks[0][0].is_null
+    assert m.block_pool.null_block.is_null and m.block_pool.null_block.block_id == 0
     assert m.empty_kv_cache_blocks.get_block_ids(allow_none=True) is None
     assert new.new_empty().get_block_ids() == ([],)
-    assert new.get_block_ids(group_ids=[0]) == ([0, 1, 2],)
+    assert new.get_block_ids(group_ids=[0]) == ([1, 2, 3],)
+    # Two full blocks are cached, the third (one token) is not.
+    assert new.get_unhashed_block_ids() == [3]
     assert m.get_num_common_prefix_blocks("a") == [0]
     assert m.get_block_ids("unknown") == ([],)
 
@@ -466,3 +471,54 @@ def test_scheduler_loop_keeps_the_manager_consistent():
         m.manager._check_invariants()
     assert hits > 0
     assert m.manager.num_free_blocks == 24
+
+
+def test_deferred_free_returns_blocks_only_through_the_pool():
+    """vLLM's async path: pop_blocks_for_free detaches a request but its
+    blocks stay allocated until they come back to block_pool.free_blocks."""
+    m = make(num_blocks=4)
+    a = Request("a", list(range(8)))
+    schedule_prefill(m, a)
+    popped = m.pop_blocks_for_free(a)
+    assert [b.block_id for b in popped] == [1, 2]
+    assert m.get_block_ids("a") == ([],)
+    assert m.manager.num_free_blocks == 2
+    # The same request readmitted meanwhile (a preemption) gets other blocks.
+    again = Request("a", list(range(100, 104)))
+    new, hit = schedule_prefill(m, again)
+    assert hit == 0 and not {1, 2} & set(new.get_block_ids()[0])
+    assert m.manager.num_free_blocks == 1
+    m.block_pool.free_blocks(reversed(popped))
+    assert m.manager.num_free_blocks == 3
+    # Freed blocks stay cached: a request with a's prefix hits them.
+    assert m.get_computed_blocks(Request("b", list(range(9))))[1] == 8
+    with pytest.raises(ValueError, match="already freed"):
+        m.block_pool.free_blocks(popped)
+    with pytest.raises(ValueError, match="pop_blocks_for_free"):
+        m.block_pool.free_blocks([m.block_pool.blocks[3]])
+    m.block_pool.free_blocks([])
+    assert m.pop_blocks_for_free(Request("unknown", [])) == []
+    m.manager._check_invariants()
+
+
+def test_caching_waits_for_vllms_block_hashes():
+    """Blocks become shareable only as far as vLLM has hashed the request
+    (hash lookahead lags by a block), whichever call brought the tokens."""
+
+    class Lagging(Request):
+        @property
+        def block_hashes(self) -> List[int]:
+            return [0] * max(0, self.num_tokens // BS - 1)
+
+    m = make()
+    r = Lagging("a", list(range(12)))
+    # Prefill with room for 4 more tokens (drafts verified next step).
+    assert len(m.allocate_slots(r, 12, num_lookahead_tokens=4).get_block_ids()[0]) == 4
+    r.num_computed_tokens = 12
+    assert m.get_computed_blocks(Request("x", list(range(13))))[1] == 8
+    # Tokens the scheduler never passed through allocate_slots (accepted
+    # drafts, async output) are cached by cache_blocks.
+    r.all_token_ids += [50, 51, 52, 53]
+    m.cache_blocks(r, 16)
+    assert m.get_computed_blocks(Request("y", list(range(12)) + [50, 51, 52, 53, 9]))[1] == 12
+    assert m.estimate_cached_tokens(r) == 12
