@@ -17,7 +17,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`TieredCache`: a manager and its store with a host-memory tier
   and a remote Valkey/Redis tier below (``docs/tiers.md``).
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
-  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
+  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's, and
+  :class:`EventPublisher`, which sends them over ZeroMQ in vLLM's wire format.
 - Engine adapters: :mod:`mla_cache.vllm` (vLLM v1's ``KVCacheManager``) and
   :mod:`mla_cache.sglang` (SGLang's ``RadixCache``), imported on their own.
 
@@ -56,6 +57,7 @@ from ._native import (
     BlockStored,
     CacheConfig,
     CacheEvent,
+    EventPublisher,
     ExtraKeys,
     Insertion,
     LatentStore,
@@ -80,6 +82,7 @@ __all__ = [
     "BlockStored",
     "CacheConfig",
     "CacheEvent",
+    "EventPublisher",
     "ExtraKeys",
     "Insertion",
     "LatentStore",

@@ -13,6 +13,7 @@ mod layer_buffer;
 mod manager;
 mod outcomes;
 mod prefix_cache;
+mod publisher;
 mod request_ids;
 mod stats;
 mod store;
@@ -44,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
+    m.add_class::<publisher::EventPublisher>()?;
     m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;
     m.add(
         "PinBudgetExceeded",
