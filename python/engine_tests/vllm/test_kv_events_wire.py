@@ -8,8 +8,10 @@ msgpack decoder below, written from the msgpack spec alone.
 
 from __future__ import annotations
 
+import pathlib
 import random
 import struct
+import subprocess
 import time
 from typing import Any, List, Tuple
 
@@ -302,3 +304,82 @@ def test_bad_arguments_raise_and_publish_checks_its_input() -> None:
     pub.shutdown()
     assert pub.publish([probe()]) == 0
     assert pub.stats()["events_dropped"] == 1
+
+
+# --- a C program publishes, this subscriber reads ----------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def c_publisher(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """tests/c/publisher_main.c built against the library's C ABI."""
+    subprocess.run(["cargo", "build", "--release", "--lib", "--quiet"], cwd=ROOT, check=True)
+    lib = ROOT / "target" / "release"
+    exe = tmp_path_factory.mktemp("c") / "publisher_main"
+    subprocess.run(
+        ["gcc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O1",
+         f"-I{ROOT / 'include'}", str(ROOT / "tests/c/publisher_main.c"),
+         f"-L{lib}", "-lmla_cache", f"-Wl,-rpath,{lib}", "-o", str(exe)],
+        check=True,
+    )
+    return exe
+
+
+def test_a_c_program_publishes_to_a_python_subscriber(c_publisher: pathlib.Path) -> None:
+    proc = subprocess.Popen(
+        [str(c_publisher), "tcp://*:0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert proc.stdin and proc.stdout
+
+    def say(line: str) -> None:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    try:
+        word, endpoint = proc.stdout.readline().split()
+        assert word == "endpoint"
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.connect(loopback(endpoint))
+        deadline = time.monotonic() + 10
+        while not sub.poll(50):
+            assert time.monotonic() < deadline, "subscriber never joined"
+            say("probe")
+        last = -1
+        while sub.poll(200):
+            last = int.from_bytes(sub.recv_multipart()[1], "big")
+        say("run 200")
+        word, published, batches, dropped = proc.stdout.readline().split()
+        assert word == "published" and dropped == "0"
+
+        decoder = msgspec.msgpack.Decoder(vk.KVEventBatch)
+        seqs: List[int] = []
+        got: List[vk.KVCacheEvent] = []
+        while not seqs or seqs[-1] < int(batches) - 1:
+            assert sub.poll(5000), f"batch {len(seqs)} never arrived"
+            topic, seq, payload = sub.recv_multipart()
+            seqs.append(int.from_bytes(seq, "big"))
+            batch = decoder.decode(payload)
+            check_independently(payload, batch)
+            got.extend(batch.events)
+        assert seqs == list(range(last + 1, int(batches))), "in order, no gaps"
+        stored = [e for e in got if isinstance(e, vk.BlockStored)]
+        removed = [e for e in got if isinstance(e, vk.BlockRemoved)]
+        assert stored and removed, "the C workload stores and evicts"
+        assert all(e.medium == "GPU" and e.block_size == 16 for e in stored)
+        # Every evicted block was announced as stored first.
+        seen: set = set()
+        for e in got:
+            if isinstance(e, vk.BlockStored):
+                seen.update(e.block_hashes)
+            elif isinstance(e, vk.BlockRemoved):
+                assert set(e.block_hashes) <= seen
+        say("quit")
+        assert proc.wait(timeout=10) == 0
+        ctx.destroy(linger=0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
