@@ -609,6 +609,10 @@ typedef struct MlaCacheStats {
      * never hashed and are reused first.
      */
     uint64_t evictable_blocks;
+    /**
+     * Events dropped because `max_pending_events` were waiting for `take_events`.
+     */
+    uint64_t events_dropped;
 } MlaCacheStats;
 
 /**

@@ -64,6 +64,7 @@ class CacheConfig:
         pin_budget_blocks: Optional[int] = None,
         enable_events: bool = False,
         cap_hit_at_last_token: bool = True,
+        max_pending_events: int = 100000,
     ) -> None: ...
     @classmethod
     def preset(
@@ -115,6 +116,9 @@ class CacheConfig:
     @property
     def enable_events(self) -> bool:
         """Whether events are recorded for ``take_events``."""
+    @property
+    def max_pending_events(self) -> int:
+        """Most events waiting for ``take_events`` before new ones are dropped."""
     @property
     def cap_hit_at_last_token(self) -> bool:
         """Whether an admission's hit is capped at ``len - 1`` tokens."""
