@@ -136,7 +136,7 @@ typedef enum MlaStatus {
 } MlaStatus;
 
 /**
- * Storage format of one cached latent (byte layouts in DESIGN.md section 2).
+ * Storage format of one cached latent (byte layouts in docs/formats.md).
  */
 typedef enum MlaDtype {
     /**
@@ -547,8 +547,6 @@ typedef struct MlaBlockCopy {
 
 /**
  * A snapshot of a manager's state and counters since creation.
- *
- * `#[repr(C)]` so the C ABI hands it out as is.
  */
 typedef struct MlaCacheStats {
     /**
@@ -610,7 +608,8 @@ typedef struct MlaCacheStats {
      */
     uint64_t evictable_blocks;
     /**
-     * Events dropped because `max_pending_events` were waiting for `take_events`.
+     * Events dropped because `max_pending_events` were waiting for
+     * `mla_manager_take_events`.
      */
     uint64_t events_dropped;
 } MlaCacheStats;

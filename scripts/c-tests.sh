@@ -5,7 +5,8 @@
 #   scripts/c-tests.sh [--release] [--features LIST] [--valgrind]
 #
 #   --release   test the release build (target/release) instead of the debug one
-#   --features  build the library with these Cargo features (e.g. cuda)
+#   --features  build the library with these Cargo features (e.g. cuda), on
+#               top of `capi` (the C ABI itself), which is always on
 #   --valgrind  run the C test and the example under valgrind memcheck
 #               (--error-exitcode=1 --leak-check=full); any error or leak fails
 #
@@ -14,7 +15,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 profile=debug
-cargo_flags=()
+cargo_flags=(--features capi)
 defines=()
 static_deps=()
 valgrind=0
@@ -31,7 +32,7 @@ while [[ $# -gt 0 ]]; do
             [[ ",$1," == *,remote-redis,* ]] && static_deps+=(-lssl -lcrypto) && defines+=(-DMLA_TEST_REMOTE_FEATURE)
             shift ;;
         --valgrind) valgrind=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg" >&2; exit 2 ;;
     esac
 done

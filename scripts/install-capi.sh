@@ -27,7 +27,7 @@ build=1
 [[ ${2:-} == --no-build ]] && build=0
 
 if [[ $build == 1 ]]; then
-    cargo build --release --lib
+    cargo build --release --lib --features capi
 fi
 lib="${CARGO_TARGET_DIR:-target}/release"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"

@@ -17,7 +17,7 @@ scripts/venv.sh
 MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib | head -n 1)"
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
-features=cuda,remote-redis
+features=capi,cuda,remote-redis
 
 echo "== rustfmt and clippy"
 cargo fmt --check
@@ -37,10 +37,12 @@ cargo test --lib policy::
 
 echo "== loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-    cargo test --release --test 'loom_*'
+    cargo test --release -p mla-cache --test 'loom_*'
 
 echo "== python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
+# The hand-written stubs must match the module (names, signatures, defaults).
+.venv/bin/python -m mypy.stubtest mla_cache._native --allowlist python/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q python/tests
 
 echo "== the vLLM adapter replays the Mooncake trace exactly as simulate does"

@@ -8,8 +8,11 @@ use crate::error::{Error, Result};
 
 /// Storage format of one cached latent (one token of one layer).
 ///
-/// The byte layouts are exact; see `codec` and DESIGN.md section 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// The byte layouts are exact; see `docs/formats.md` (also the [`crate::codec`] docs).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 #[repr(C)]
 pub enum Dtype {
     /// 576 bf16 values: 1152 bytes for the DeepSeek geometry.
@@ -24,15 +27,12 @@ pub enum Dtype {
 
 impl Dtype {
     /// Every format, in order of decreasing size.
-    pub const ALL: [Dtype; 3] = [Dtype::Bf16, Dtype::Fp8DsMla, Dtype::Mxfp6];
+    pub const ALL: [Dtype; <Dtype as strum::EnumCount>::COUNT] =
+        [Dtype::Bf16, Dtype::Fp8DsMla, Dtype::Mxfp6];
 
     /// The format's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "bf16",
-            Dtype::Fp8DsMla => "fp8_ds_mla",
-            Dtype::Mxfp6 => "mxfp6",
-        }
+        self.into()
     }
 
     /// Values per quantization group of the NoPE part (1 for bf16).
@@ -88,7 +88,10 @@ impl FromStr for Dtype {
 }
 
 /// Which cached free blocks are evicted first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
 #[repr(C)]
 pub enum EvictionPolicyKind {
     /// Least recently freed first (vLLM's order).
@@ -109,7 +112,7 @@ pub enum EvictionPolicyKind {
 
 impl EvictionPolicyKind {
     /// Every policy.
-    pub const ALL: [EvictionPolicyKind; 4] = [
+    pub const ALL: [EvictionPolicyKind; <EvictionPolicyKind as strum::EnumCount>::COUNT] = [
         EvictionPolicyKind::Lru,
         EvictionPolicyKind::Arc,
         EvictionPolicyKind::Residency,
@@ -118,12 +121,7 @@ impl EvictionPolicyKind {
 
     /// The policy's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
-        match self {
-            EvictionPolicyKind::Lru => "lru",
-            EvictionPolicyKind::Arc => "arc",
-            EvictionPolicyKind::Residency => "residency",
-            EvictionPolicyKind::Adaptive => "adaptive",
-        }
+        self.into()
     }
 }
 

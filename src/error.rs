@@ -1,6 +1,6 @@
 //! The one error type of the crate.
 
-use crate::{BlockId, RequestId};
+use crate::ids::{BlockId, RequestId};
 
 /// Everything that can go wrong in mla_cache. Every failing call leaves the
 /// state it was called on unchanged.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 #[cfg(doc)]
 use crate::hash::BlockHash;
-use crate::TokenId;
+use crate::ids::TokenId;
 
 /// A change to the prefix index, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]

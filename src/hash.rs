@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
 
-use crate::TokenId;
+use crate::ids::TokenId;
 
 /// The 128-bit hash of a full block and its whole prefix.
 ///

@@ -12,8 +12,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::{Deref, DerefMut};
 
 use crate::hash::BlockHash;
+use crate::ids::{BlockId, TokenId};
 use crate::sync::RwLock;
-use crate::{BlockId, TokenId};
 
 #[cfg(not(loom))]
 const SHARDS: usize = 16;

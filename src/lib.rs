@@ -48,8 +48,11 @@ pub mod codec;
 pub mod config;
 pub mod error;
 mod events;
+#[cfg(feature = "capi")]
 pub mod ffi;
 mod hash;
+mod id_list;
+mod ids;
 mod index;
 mod manager;
 mod policy;
@@ -67,17 +70,11 @@ pub use config::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};
+pub use ids::{BlockId, RequestId, TokenId};
 pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager};
 pub use policy::{EvictionPolicy, Retention};
 pub use prefix_cache::{Insertion, PrefixCache, PrefixMatch};
 pub use stats::CacheStats;
-
-/// Index of a physical block, `0..num_blocks`, the same in every layer.
-pub type BlockId = u32;
-/// A token id.
-pub type TokenId = u32;
-/// The engine's id for a request (sequence).
-pub type RequestId = u64;
 
 /// The README's examples, compiled and run as doc tests.
 #[doc = include_str!("../README.md")]

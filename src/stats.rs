@@ -1,10 +1,8 @@
 //! Counters and gauges of a block manager.
 
-/// A snapshot of a manager's state and counters since creation.
-///
-/// `#[repr(C)]` so the C ABI hands it out as is.
+/// A snapshot of a manager's state and counters since creation (C callers
+/// get it as `MlaCacheStats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[repr(C)]
 pub struct CacheStats {
     /// Blocks in the cache.
     pub num_blocks: u64,

@@ -20,7 +20,6 @@ fn generate() -> String {
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root().join("src/ffi/mod.rs"))
-        .with_src(root().join("src/stats.rs"))
         .generate()
         .expect("cbindgen generates the header");
     let mut out = Vec::new();

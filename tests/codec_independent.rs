@@ -1,5 +1,5 @@
 //! An independent decoder and reference quantizer, written from the format
-//! definitions (DESIGN.md section 2 and the `codec` module docs) with f64
+//! definitions (`docs/formats.md`) with f64
 //! arithmetic and bit-by-bit unpacking; it shares no code with the crate's
 //! encoder. Both directions are compared bit for bit.
 

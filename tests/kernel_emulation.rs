@@ -26,7 +26,7 @@ type EmuLaunch =
 
 /// Builds and loads the emulator once; `None` (skip) without g++.
 fn emulator() -> Option<EmuLaunch> {
-    static EMU: OnceLock<Option<usize>> = OnceLock::new();
+    static EMU: OnceLock<Option<EmuLaunch>> = OnceLock::new();
     let f = EMU.get_or_init(|| {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let lib = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mla_kernel_emu.so");
@@ -41,6 +41,11 @@ fn emulator() -> Option<EmuLaunch> {
                 "-Wall",
                 "-Werror",
             ])
+            .args(
+                cuda::kernel_defines()
+                    .iter()
+                    .map(|(name, value)| format!("-D{name}={value}")),
+            )
             .arg("-o")
             .arg(&lib)
             .arg(root.join("tests/kernel_emu/emu.cpp"))
@@ -56,17 +61,15 @@ fn emulator() -> Option<EmuLaunch> {
                 return None;
             }
         }
-        let path = CString::new(lib.to_str().unwrap()).unwrap();
-        // SAFETY: loading a library we just built; it stays loaded.
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
-        assert!(!handle.is_null(), "cannot load the kernel emulator");
-        // SAFETY: a symbol lookup in a live handle.
-        let sym = unsafe { libc::dlsym(handle, c"emu_launch".as_ptr()) };
-        assert!(!sym.is_null(), "emu_launch missing");
-        Some(sym as usize)
+        // SAFETY: loading a library we just built; it stays loaded (leaked).
+        let lib = Box::leak(Box::new(
+            unsafe { libloading::Library::new(&lib) }.expect("cannot load the kernel emulator"),
+        ));
+        // SAFETY: `emu_launch` has this signature (see emu.cpp).
+        let launch = unsafe { lib.get::<EmuLaunch>(b"emu_launch\0") }.expect("emu_launch missing");
+        Some(*launch)
     });
-    // SAFETY: `emu_launch` has this signature (see emu.cpp).
-    f.map(|addr| unsafe { std::mem::transmute::<usize, EmuLaunch>(addr) })
+    *f
 }
 
 fn run(emu: EmuLaunch, mut launch: KernelLaunch) {

@@ -58,7 +58,7 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         // A cubin (ELF) that defines every entry point.
         let image = &compiled.image;
         assert_eq!(&image[..4], b"\x7fELF", "{arch}: not a cubin");
-        for name in cuda::KERNEL_NAMES {
+        for name in cuda::Kernel::all().iter().map(|k| k.name()) {
             let found = image
                 .windows(name.len() + 1)
                 .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
@@ -67,7 +67,7 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         println!(
             "{arch}: {} byte cubin, {} kernels",
             image.len(),
-            cuda::KERNEL_NAMES.len()
+            cuda::Kernel::all().len()
         );
     }
 }
@@ -80,7 +80,7 @@ fn ptx_for_a_virtual_architecture() {
     let compiled = cuda::compile_kernels("compute_90").unwrap();
     let ptx = String::from_utf8_lossy(&compiled.image);
     assert!(ptx.contains(".target sm_90"), "not PTX for sm_90");
-    for name in cuda::KERNEL_NAMES {
+    for name in cuda::Kernel::all().iter().map(|k| k.name()) {
         assert!(
             ptx.contains(&format!(".entry {name}(")),
             "{name} missing from the PTX"

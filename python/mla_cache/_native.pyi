@@ -48,8 +48,8 @@ class CacheConfig:
     storage format and cache policy. Immutable; ``replace(**changes)`` returns
     a changed copy. Raises ``ValueError`` for a configuration that cannot work."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         num_blocks: int = 1024,
         *,
         block_size: int = 64,
@@ -65,7 +65,7 @@ class CacheConfig:
         enable_events: bool = False,
         cap_hit_at_last_token: bool = True,
         max_pending_events: int = 100000,
-    ) -> None: ...
+    ) -> "CacheConfig": ...
     @classmethod
     def preset(
         cls, model: str, num_blocks: int = 1024, dtype: str = "bf16", **overrides: Any
@@ -155,7 +155,7 @@ class MultiModalKey:
     length`` of the prompt; its content ``hash`` enters the hash of every block
     those tokens overlap."""
 
-    def __init__(self, hash: Union[str, bytes], offset: int, length: int) -> None: ...
+    def __new__(cls, hash: Union[str, bytes], offset: int, length: int) -> "MultiModalKey": ...
     @property
     def hash(self) -> str:
         """Content hash of the input (bytes are stored hex-encoded)."""
@@ -172,13 +172,13 @@ class ExtraKeys:
     ``adapter`` (enters every block), ``salt`` (tenant isolation: enters the
     first block and so every later one), ``mm`` (multimodal inputs)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         adapter: Optional[str] = None,
         salt: Optional[str] = None,
         mm: Optional[Iterable[MultiModalKeyLike]] = None,
-    ) -> None: ...
+    ) -> "ExtraKeys": ...
     @property
     def adapter(self) -> Optional[str]:
         """The adapter name, or ``None``."""
@@ -266,8 +266,8 @@ class EventPublisher:
     replay socket; the arguments are vLLM's ``KVEventsConfig`` fields plus
     batching. ``publish`` never blocks: a full queue drops and counts."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         endpoint: str = "tcp://*:5557",
         replay_endpoint: Optional[str] = None,
         buffer_steps: int = 10000,
@@ -278,7 +278,7 @@ class EventPublisher:
         max_batch_events: int = 1024,
         max_batch_delay_s: float = 0.005,
         medium: str = "GPU",
-    ) -> None: ...
+    ) -> "EventPublisher": ...
     @property
     def endpoint(self) -> str:
         """The PUB endpoint in use (with the port the OS chose for port 0)."""
@@ -305,7 +305,7 @@ class BlockManager:
     chained block hashes, copy-on-write for forked requests, pinning and LRU
     eviction. Thread-safe; a failing call raises and changes nothing."""
 
-    def __init__(self, config: CacheConfig) -> None: ...
+    def __new__(cls, config: CacheConfig) -> "BlockManager": ...
     @property
     def config(self) -> CacheConfig:
         """The configuration."""
@@ -396,7 +396,7 @@ class PrefixCache:
     ``evict`` hands back unlocked blocks to free by the eviction policy.
     Thread-safe; a failing call raises and changes nothing."""
 
-    def __init__(self, config: CacheConfig) -> None: ...
+    def __new__(cls, config: CacheConfig) -> "PrefixCache": ...
     @property
     def config(self) -> CacheConfig:
         """The configuration."""
@@ -498,7 +498,7 @@ class LatentStore:
     in the config's storage format. Raises ``StorageError`` when the device is
     unavailable."""
 
-    def __init__(self, config: CacheConfig, device: str = "cpu", *, huge_pages: bool = False) -> None: ...
+    def __new__(cls, config: CacheConfig, device: str = "cpu", *, huge_pages: bool = False) -> "LatentStore": ...
     @property
     def config(self) -> CacheConfig:
         """The configuration."""
@@ -585,8 +585,8 @@ class TieredCache:
     same on every node); nodes share blocks under the same ``namespace``.
     Thread-safe; allocate only through this object."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         config: CacheConfig,
         store: LatentStore,
         *,
@@ -597,7 +597,7 @@ class TieredCache:
         lookup_budget_ms: float = 20.0,
         queue_depth: int = 64,
         stream: int = 0,
-    ) -> None: ...
+    ) -> "TieredCache": ...
     @property
     def config(self) -> CacheConfig:
         """The configuration."""

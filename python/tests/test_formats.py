@@ -1,5 +1,5 @@
 """Byte-level checks of fp8_ds_mla and mxfp6 against an independent numpy +
-ml_dtypes reading of the DESIGN.md layouts: decode the stored bytes, compare
+ml_dtypes reading of the layouts in docs/formats.md: decode the stored bytes, compare
 with gather and with the inputs, and re-encode the inputs by the spec."""
 
 import ml_dtypes
@@ -13,7 +13,7 @@ T = 2 * BS
 
 
 def inputs(seed=0):
-    """Gaussian data with a few large channels, as in the design's measurements."""
+    """Gaussian data with a few large channels, as in the accuracy figures of docs/formats.md."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((T, 576)).astype(np.float32)
     x[:, rng.choice(512, 6, replace=False)] *= 30.0

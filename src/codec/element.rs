@@ -7,7 +7,8 @@ use half::{bf16, f16};
 use super::minifloat::bf16_bits_from_f32;
 
 /// Element type of an input or output tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(serialize_all = "snake_case")]
 #[repr(C)]
 pub enum ElemType {
     /// bfloat16.
@@ -20,7 +21,8 @@ pub enum ElemType {
 
 impl ElemType {
     /// Every element type.
-    pub const ALL: [ElemType; 3] = [ElemType::Bf16, ElemType::F16, ElemType::F32];
+    pub const ALL: [ElemType; <ElemType as strum::EnumCount>::COUNT] =
+        [ElemType::Bf16, ElemType::F16, ElemType::F32];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
@@ -32,11 +34,7 @@ impl ElemType {
 
     /// Lower-case name (`bf16`, `f16`, `f32`).
     pub fn name(self) -> &'static str {
-        match self {
-            ElemType::Bf16 => "bf16",
-            ElemType::F16 => "f16",
-            ElemType::F32 => "f32",
-        }
+        self.into()
     }
 }
 

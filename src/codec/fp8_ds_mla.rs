@@ -1,10 +1,6 @@
 //! `fp8_ds_mla`: FlashMLA's fp8 layout. Per 128-value tile, one fp32
-//! power-of-two scale and 128 float8 e4m3fn codes.
-//!
-//! ```text
-//! [0, R)             R e4m3fn codes, tile t at [128t, 128t + 128)
-//! [R, R + 4R/128)    one f32 scale per tile, little endian
-//! ```
+//! power-of-two scale and 128 float8 e4m3fn codes (layout in
+//! `docs/formats.md`, section `fp8_ds_mla`).
 
 use super::element::{Decoded, Element};
 use super::minifloat::{ceil_log2, e4m3_from_f32, e4m3_to_f32, finite_amax, pow2, E4M3_MAX};

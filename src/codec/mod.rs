@@ -1,54 +1,11 @@
 //! Latent storage formats: CPU reference encoders and decoders.
 //!
-//! One cached latent (one token of one layer) is `kv_lora_rank` NoPE values
-//! (`c_kv`) followed by `rope_dim` RoPE values (`k_pe`), 512 + 64 for the
-//! DeepSeek family. A [`Codec`] turns one latent into the bytes of a
-//! [`Dtype`] and back. The layouts are exact (DESIGN.md section 2); with
-//! `R = kv_lora_rank`:
+//! A [`Codec`] turns one latent (one token of one layer: `kv_lora_rank`
+//! NoPE values, then `rope_dim` RoPE values) into the bytes of a [`Dtype`]
+//! and back. The layouts and the encoding rules are exact; they are
+//! specified in `docs/formats.md`, included here.
 //!
-//! | format       | NoPE codes        | scales                        | RoPE (bf16)       | bytes (512+64) |
-//! |--------------|-------------------|-------------------------------|-------------------|----------------|
-//! | `bf16`       | `[0, 2R)` bf16    | none                          | `[2R, 2R+128)`    | 1152 |
-//! | `fp8_ds_mla` | `[0, R)` e4m3fn   | `R/128` x f32 LE at `R`       | after the scales  | 656  |
-//! | `mxfp6`      | `[0, 3R/4)` E2M3  | `R/32` x UE8M0 at `3R/4`      | after the scales  | 528  |
-//!
-//! # Encoding, bit for bit
-//!
-//! A GPU encoder must produce the same bytes as this one; all arithmetic is
-//! f32 with IEEE round-to-nearest-even and no flush of subnormals:
-//!
-//! 1. Inputs (bf16, f16 or f32) are widened to f32, which is exact.
-//! 2. Per quantization group (128 values for fp8, 32 for mxfp6):
-//!    `amax` = the largest `|x|` among the **finite** values (NaN and ±Inf
-//!    are ignored; 0 if there is none); `v = max(amax / M, floor)` with the
-//!    f32 division `amax / M` rounded to nearest (`M` = 448 or 7.5, `floor` =
-//!    `1e-4f32` or `2^-127`); `e = ceil(log2(v))` computed **exactly** from
-//!    the bits of `v` (not with a rounded `log2f`); scale `2^e`.
-//! 3. Each value becomes `code = round(x * 2^-e)` (which equals `x / 2^e`,
-//!    rounding included), round to nearest even, **saturating** at the
-//!    largest finite magnitude (448 for e4m3fn, 7.5 for E2M3); the sign of
-//!    zero is kept (`-0.0` gives the negative-zero code).
-//! 4. RoPE values, and the NoPE values of `bf16`, are rounded to bf16
-//!    (nearest even; overflow to ±Inf); bf16 input is copied verbatim.
-//!
-//! # Non-finite input
-//!
-//! - `bf16` stores what IEEE conversion gives: ±Inf stays ±Inf, NaN stays
-//!   NaN (verbatim from bf16 input; `0x7FFF` from f16/f32 input). RoPE values
-//!   follow the same rule in every format.
-//! - `fp8_ds_mla` and `mxfp6` never store NaN or Inf: a NaN value encodes as
-//!   `+0`, ±Inf as the largest code of that sign (±448 or ±7.5 times the
-//!   group's scale), and neither influences the scale.
-//!
-//! # Decoding
-//!
-//! `x = value(code) * scale` in f32, which is exact (e4m3fn and E2M3 have 4
-//! significant bits, scales are powers of two inside the f32 range), so the
-//! bf16 decoder is exact too. One corner: a value within a rounding step of
-//! `f32::MAX` (above about 3.2e38) can round to the code that stands for
-//! `2^128`, which decodes to Inf. Codes and scales the encoder never writes still
-//! decode without error: the e4m3fn codes `0x7F`/`0xFF` and the UE8M0 byte
-//! 255 give NaN.
+#![doc = include_str!("../../docs/formats.md")]
 
 mod bf16_format;
 mod element;

@@ -1,12 +1,5 @@
-//! `mxfp6`: OCP MX FP6 (E2M3) codes with one UE8M0 scale per 32 values.
-//!
-//! ```text
-//! [0, 3R/4)           R 6-bit codes, a little-endian bit stream: code i is
-//!                     bits [6i, 6i + 6), byte b holds bits [8b, 8b + 8)
-//! [3R/4, 3R/4 + R/32) one UE8M0 scale byte per group: 2^(byte - 127)
-//! ```
-//!
-//! Four codes fill three bytes: `c0 | c1 << 6 | c2 << 12 | c3 << 18`.
+//! `mxfp6`: OCP MX FP6 (E2M3) codes with one UE8M0 scale per 32 values
+//! (layout in `docs/formats.md`, section `mxfp6`).
 
 use super::element::{Decoded, Element};
 use super::minifloat::{ceil_log2, e2m3_from_f32, e2m3_to_f32, finite_amax, pow2, E2M3_MAX};

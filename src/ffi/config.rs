@@ -3,8 +3,9 @@
 use std::ffi::c_char;
 use std::sync::{Mutex, PoisonError};
 
-use super::{guard, text, Failure, FfiResult, MlaStatus, Out, Registry};
-use crate::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
+use super::types::{dtype_from, eviction_from, MlaDtype, MlaEvictionPolicyKind};
+use super::{guard, text, MlaStatus, Out, Registry};
+use crate::{CacheConfig, Dtype, ModelGeometry};
 
 /// A cache configuration under construction (opaque). Create it with
 /// `mla_config_create` or `mla_config_from_preset`, adjust it with the
@@ -25,54 +26,6 @@ impl MlaConfig {
 
     fn update(&self, f: impl FnOnce(&mut CacheConfig)) {
         f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner));
-    }
-}
-
-/// Storage format of one cached latent (byte layouts in DESIGN.md section 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub enum MlaDtype {
-    /// 576 bf16 values: 1152 bytes for the DeepSeek geometry.
-    Bf16 = 0,
-    /// FlashMLA's fp8 layout (e4m3 NoPE, one fp32 scale per 128 values, bf16
-    /// RoPE): 656 bytes.
-    Fp8DsMla = 1,
-    /// 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
-    Mxfp6 = 2,
-}
-
-impl From<Dtype> for MlaDtype {
-    fn from(d: Dtype) -> Self {
-        match d {
-            Dtype::Bf16 => MlaDtype::Bf16,
-            Dtype::Fp8DsMla => MlaDtype::Fp8DsMla,
-            Dtype::Mxfp6 => MlaDtype::Mxfp6,
-        }
-    }
-}
-
-/// Which cached free blocks are evicted first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub enum MlaEvictionPolicyKind {
-    /// Least recently freed first (vLLM's order).
-    Lru = 0,
-    /// Adaptive replacement: blocks seen once vs reused, with ghost lists.
-    Arc = 1,
-    /// Residency: requests that mostly hit keep their new blocks, others' go first.
-    Residency = 2,
-    /// ARC or residency, whichever hits more on sampled shadow caches.
-    Adaptive = 3,
-}
-
-impl From<EvictionPolicyKind> for MlaEvictionPolicyKind {
-    fn from(p: EvictionPolicyKind) -> Self {
-        match p {
-            EvictionPolicyKind::Lru => MlaEvictionPolicyKind::Lru,
-            EvictionPolicyKind::Arc => MlaEvictionPolicyKind::Arc,
-            EvictionPolicyKind::Residency => MlaEvictionPolicyKind::Residency,
-            EvictionPolicyKind::Adaptive => MlaEvictionPolicyKind::Adaptive,
-        }
     }
 }
 
@@ -156,18 +109,6 @@ pub struct MlaModelGeometry {
     pub qk_rope_head_dim: usize,
     /// Per-head value width.
     pub v_head_dim: usize,
-}
-
-pub(crate) fn dtype_from(value: u32) -> FfiResult<Dtype> {
-    Dtype::ALL
-        .into_iter()
-        .find(|d| MlaDtype::from(*d) as u32 == value)
-        .ok_or_else(|| {
-            Failure::new(
-                MlaStatus::InvalidConfig,
-                format!("unknown dtype value {value}"),
-            )
-        })
 }
 
 fn create(config: CacheConfig, out: Out<*mut MlaConfig>) {
@@ -302,15 +243,7 @@ pub extern "C" fn mla_config_set_dtype(config: *mut MlaConfig, dtype: u32) -> Ml
 pub extern "C" fn mla_config_set_eviction(config: *mut MlaConfig, policy: u32) -> MlaStatus {
     guard("mla_config_set_eviction", || {
         CONFIGS.with(config, |c| {
-            let policy = EvictionPolicyKind::ALL
-                .into_iter()
-                .find(|p| MlaEvictionPolicyKind::from(*p) as u32 == policy)
-                .ok_or_else(|| {
-                    Failure::new(
-                        MlaStatus::InvalidConfig,
-                        format!("unknown eviction policy value {policy}"),
-                    )
-                })?;
+            let policy = eviction_from(policy)?;
             c.update(|c| c.eviction = policy);
             Ok(())
         })

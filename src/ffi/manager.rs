@@ -3,39 +3,19 @@
 use std::ffi::c_char;
 
 use super::config::{info, CONFIGS};
+use super::requests::{AdmitOutputs, GrowOutputs};
+use super::types::{MlaBlockCopy, MlaCacheStats};
 use super::{
     guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
     MlaStatus, MlaTokenId, Out, OutBuf, Registry,
 };
-use crate::{
-    AdmitOptions, AppendOutcome, BlockCopy, BlockManager, CacheStats, ExtraKeys, MultiModalKey,
-};
+use crate::{AdmitOptions, BlockManager, ExtraKeys, MultiModalKey};
 
 /// A block manager (opaque): who holds which block, prefix sharing,
 /// copy-on-write, pinning and eviction. Thread-safe: share one handle
 /// between threads freely.
 pub struct MlaManager {
     pub(crate) inner: BlockManager,
-}
-
-/// A block copy the engine must perform before writing new tokens
-/// (copy-on-write of a shared partial block).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaBlockCopy {
-    /// Block to copy from (still shared with other requests).
-    pub src: MlaBlockId,
-    /// Fresh block that replaces `src` in the appending request's table.
-    pub dst: MlaBlockId,
-}
-
-impl From<BlockCopy> for MlaBlockCopy {
-    fn from(c: BlockCopy) -> Self {
-        Self {
-            src: c.src,
-            dst: c.dst,
-        }
-    }
 }
 
 pub(crate) static MANAGERS: Registry<MlaManager> = Registry::new("MlaManager");
@@ -227,22 +207,14 @@ pub unsafe extern "C" fn mla_manager_admit(
     guard("mla_manager_admit", || {
         // SAFETY: per the contract, for every pointer below.
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
-        let cached_out = Out::new(num_cached_tokens, "num_cached_tokens")?;
+        let outs = AdmitOutputs::new(block_ids, block_ids_cap, num_block_ids, num_cached_tokens)?;
         let opts = unsafe { admit_options(options) }?;
         with(manager, |m| {
-            let config = m.config();
-            if let Some(slots) = tokens.len().checked_add(opts.decode_slots) {
-                let needed = slots.div_ceil(config.block_size);
-                if needed <= config.num_blocks {
-                    unsafe { out.reserve(needed) }?;
-                }
-            }
-            let admission = m.admit(id, tokens, &opts)?;
             unsafe {
-                out.fill(&admission.block_ids)?;
-                cached_out.set(admission.num_cached_tokens);
-            }
+                outs.run(m.config(), tokens.len(), &opts, || {
+                    m.admit(id, tokens, &opts)
+                })
+            }?;
             Ok(())
         })
     })
@@ -320,67 +292,19 @@ pub unsafe extern "C" fn mla_manager_append(
     guard("mla_manager_append", || {
         // SAFETY: per the contract, for every pointer below.
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let new_out = OutBuf::new(
+        let outs = GrowOutputs::new(
             new_block_ids,
             new_block_ids_cap,
             num_new_block_ids,
-            "new_block_ids",
+            copies,
+            copies_cap,
+            num_copies,
         )?;
-        let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
-        with(manager, |m| {
-            // SAFETY: per the contract.
-            unsafe {
-                append_into(
-                    tokens.len(),
-                    m.config().block_size,
-                    &new_out,
-                    &copies_out,
-                    || m.append(id, tokens),
-                )
-            }
+        with(manager, |m| unsafe {
+            outs.append(tokens.len(), m.config().block_size, || m.append(id, tokens))
         })
     })
 }
-
-/// Checks an append's output buffers against the most `num_tokens` tokens
-/// can return, then runs `append` and writes its outcome.
-///
-/// # Safety
-/// The buffers must be valid for their capacities, their lengths for writes.
-pub(crate) unsafe fn append_into(
-    num_tokens: usize,
-    block_size: usize,
-    new_out: &OutBuf<MlaBlockId>,
-    copies_out: &OutBuf<MlaBlockCopy>,
-    append: impl FnOnce() -> crate::Result<AppendOutcome>,
-) -> FfiResult<()> {
-    let most_new = num_tokens.div_ceil(block_size);
-    if num_tokens > 0 && (most_new > new_out.cap || copies_out.cap < MLA_MAX_COPIES_PER_APPEND) {
-        // SAFETY: per the contract.
-        unsafe {
-            new_out.set_len(most_new);
-            copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
-        }
-        return Err(Failure::new(
-            MlaStatus::BufferTooSmall,
-            format!(
-                "appending {num_tokens} tokens needs room for {most_new} new block ids and \
-                 {MLA_MAX_COPIES_PER_APPEND} copy, got {} and {}",
-                new_out.cap, copies_out.cap
-            ),
-        ));
-    }
-    let outcome = append()?;
-    // SAFETY: per the contract.
-    unsafe {
-        new_out.fill(&outcome.new_block_ids)?;
-        copies_out.fill(&outcome.copies)
-    }
-}
-
-/// Most copies one `mla_manager_append` or `mla_manager_reserve` returns
-/// (only the tail block of a request can be shared and partial).
-pub const MLA_MAX_COPIES_PER_APPEND: usize = 1;
 
 /// Grows the block table of request `id` so it has room for `total_slots`
 /// token positions (its tokens included) without adding tokens: lookahead
@@ -419,39 +343,21 @@ pub unsafe extern "C" fn mla_manager_reserve(
     num_copies: *mut usize,
 ) -> MlaStatus {
     guard("mla_manager_reserve", || {
-        let new_out = OutBuf::new(
+        let outs = GrowOutputs::new(
             new_block_ids,
             new_block_ids_cap,
             num_new_block_ids,
-            "new_block_ids",
+            copies,
+            copies_cap,
+            num_copies,
         )?;
-        let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
         with(manager, |m| {
             let most_new = total_slots.div_ceil(m.config().block_size);
             // Past the cache's size the manager refuses (REQUEST_TOO_LARGE) anyway.
-            if most_new <= m.config().num_blocks
-                && (most_new > new_block_ids_cap || copies_cap < MLA_MAX_COPIES_PER_APPEND)
-            {
-                // SAFETY: per the contract.
-                unsafe {
-                    new_out.set_len(most_new);
-                    copies_out.set_len(MLA_MAX_COPIES_PER_APPEND);
-                }
-                return Err(Failure::new(
-                    MlaStatus::BufferTooSmall,
-                    format!(
-                        "reserving {total_slots} slots needs room for {most_new} new block ids \
-                         and {MLA_MAX_COPIES_PER_APPEND} copy, got {new_block_ids_cap} and {copies_cap}"
-                    ),
-                ));
-            }
-            let outcome = m.reserve(id, total_slots)?;
+            let check = most_new <= m.config().num_blocks;
+            let what = format!("reserving {total_slots} slots");
             // SAFETY: per the contract.
-            unsafe {
-                new_out.fill(&outcome.new_block_ids)?;
-                copies_out.fill(&outcome.copies)?;
-            }
-            Ok(())
+            unsafe { outs.run(most_new, check, what, || m.reserve(id, total_slots)) }
         })
     })
 }
@@ -640,11 +546,11 @@ pub unsafe extern "C" fn mla_manager_unpin(
 #[no_mangle]
 pub unsafe extern "C" fn mla_manager_stats(
     manager: *const MlaManager,
-    out: *mut CacheStats,
+    out: *mut MlaCacheStats,
 ) -> MlaStatus {
     guard("mla_manager_stats", || {
         let out = Out::new(out, "out")?;
-        let stats = with(manager, |m| Ok(m.stats()))?;
+        let stats = with(manager, |m| Ok(m.stats().into()))?;
         // SAFETY: per the contract.
         unsafe { out.set(stats) };
         Ok(())

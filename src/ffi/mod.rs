@@ -27,17 +27,21 @@ pub mod config;
 pub mod events;
 pub mod manager;
 pub mod publisher;
+mod requests;
 pub mod status;
 pub mod store;
 pub mod tier;
+pub mod types;
 
 pub use config::*;
 pub use events::*;
 pub use manager::*;
 pub use publisher::*;
+pub use requests::MLA_MAX_COPIES_PER_APPEND;
 pub use status::*;
 pub use store::*;
 pub use tier::*;
+pub use types::*;
 
 // Spelled out for cbindgen; the calls into the crate only compile while
 // they equal `crate::BlockId`, `crate::TokenId` and `crate::RequestId`.

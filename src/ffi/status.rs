@@ -16,7 +16,12 @@ pub const MLA_CACHE_VERSION_PATCH: u32 = 0;
 
 /// Outcome of a call. Every value but `MLA_STATUS_OK` comes with a message
 /// from `mla_last_error()`, and means the call changed nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount)]
+#[strum(
+    serialize_all = "SCREAMING_SNAKE_CASE",
+    prefix = "MLA_STATUS_",
+    suffix = "\0"
+)]
 #[repr(C)]
 pub enum MlaStatus {
     /// Success.
@@ -63,7 +68,7 @@ pub enum MlaStatus {
 }
 
 impl MlaStatus {
-    const ALL: [MlaStatus; 20] = [
+    const ALL: [MlaStatus; <MlaStatus as strum::EnumCount>::COUNT] = [
         MlaStatus::Ok,
         MlaStatus::NullPointer,
         MlaStatus::InvalidHandle,
@@ -88,28 +93,7 @@ impl MlaStatus {
 
     /// The constant's name as spelled in the header, NUL-terminated.
     fn name(self) -> &'static str {
-        match self {
-            MlaStatus::Ok => "MLA_STATUS_OK\0",
-            MlaStatus::NullPointer => "MLA_STATUS_NULL_POINTER\0",
-            MlaStatus::InvalidHandle => "MLA_STATUS_INVALID_HANDLE\0",
-            MlaStatus::InvalidArgument => "MLA_STATUS_INVALID_ARGUMENT\0",
-            MlaStatus::InvalidUtf8 => "MLA_STATUS_INVALID_UTF8\0",
-            MlaStatus::InvalidConfig => "MLA_STATUS_INVALID_CONFIG\0",
-            MlaStatus::BufferTooSmall => "MLA_STATUS_BUFFER_TOO_SMALL\0",
-            MlaStatus::OutOfBlocks => "MLA_STATUS_OUT_OF_BLOCKS\0",
-            MlaStatus::RequestTooLarge => "MLA_STATUS_REQUEST_TOO_LARGE\0",
-            MlaStatus::UnknownRequest => "MLA_STATUS_UNKNOWN_REQUEST\0",
-            MlaStatus::DuplicateRequest => "MLA_STATUS_DUPLICATE_REQUEST\0",
-            MlaStatus::EmptyInput => "MLA_STATUS_EMPTY_INPUT\0",
-            MlaStatus::InvalidBlock => "MLA_STATUS_INVALID_BLOCK\0",
-            MlaStatus::PinBudgetExceeded => "MLA_STATUS_PIN_BUDGET_EXCEEDED\0",
-            MlaStatus::NotPinned => "MLA_STATUS_NOT_PINNED\0",
-            MlaStatus::BlocksInUse => "MLA_STATUS_BLOCKS_IN_USE\0",
-            MlaStatus::Storage => "MLA_STATUS_STORAGE\0",
-            MlaStatus::Unsupported => "MLA_STATUS_UNSUPPORTED\0",
-            MlaStatus::Internal => "MLA_STATUS_INTERNAL\0",
-            MlaStatus::Panic => "MLA_STATUS_PANIC\0",
-        }
+        self.into()
     }
 }
 
@@ -243,7 +227,13 @@ mod tests {
             assert_eq!(*s as usize, i);
             // SAFETY: static NUL-terminated string.
             let name = unsafe { CStr::from_ptr(mla_status_name(i as i32)) };
-            assert!(name.to_str().unwrap().starts_with("MLA_STATUS_"));
+            // Spelled as the header (cbindgen) defines the constant.
+            let header = include_str!("../../include/mla_cache.h");
+            let definition = format!("{} = {i},", name.to_str().unwrap());
+            assert!(
+                header.contains(&definition),
+                "{definition} not in the header"
+            );
         }
         // SAFETY: static NUL-terminated string.
         let unknown = unsafe { CStr::from_ptr(mla_status_name(-1)) };

@@ -4,11 +4,12 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::config::{info, CONFIGS};
+use super::types::{elem_from, MlaBlockCopy, MlaDtype};
 use super::{
-    guard, input, Failure, FfiResult, MlaBlockCopy, MlaBlockId, MlaConfig, MlaConfigInfo, MlaDtype,
-    MlaStatus, Out, Registry,
+    guard, input, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaStatus, Out,
+    Registry,
 };
-use crate::codec::{ElemType, TokenLayout};
+use crate::codec::TokenLayout;
 use crate::store::{
     Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc,
 };
@@ -34,28 +35,6 @@ fn shared<S: LatentStore + BlockTransfer + 'static>(s: S) -> Shared {
 }
 
 pub(crate) static STORES: Registry<MlaStore> = Registry::new("MlaStore");
-
-/// Element type of a tensor given to or filled by a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
-pub enum MlaElemType {
-    /// bfloat16.
-    Bf16 = 0,
-    /// IEEE binary16.
-    F16 = 1,
-    /// IEEE binary32.
-    F32 = 2,
-}
-
-impl From<ElemType> for MlaElemType {
-    fn from(e: ElemType) -> Self {
-        match e {
-            ElemType::Bf16 => MlaElemType::Bf16,
-            ElemType::F16 => MlaElemType::F16,
-            ElemType::F32 => MlaElemType::F32,
-        }
-    }
-}
 
 /// A 2-D tensor in the store's memory space (host memory for a host store,
 /// device memory for a CUDA store): `rows` rows of `cols` elements of type
@@ -154,12 +133,7 @@ fn device(d: Device) -> (MlaDeviceKind, usize) {
 unsafe fn matrix(m: *const MlaMatrix, what: &str) -> FfiResult<MatrixDesc> {
     // SAFETY: per the contract.
     let m = unsafe { m.as_ref() }.ok_or_else(|| Failure::null(what))?;
-    let elem = ElemType::ALL
-        .into_iter()
-        .find(|e| MlaElemType::from(*e) as u32 == m.elem)
-        .ok_or_else(|| {
-            Failure::invalid(format!("{what}: unknown element type value {}", m.elem))
-        })?;
+    let elem = elem_from(m.elem, what)?;
     if m.data.is_null() && m.rows > 0 && m.cols > 0 {
         return Err(Failure::null(&format!("{what}->data")));
     }

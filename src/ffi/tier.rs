@@ -5,15 +5,16 @@ use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
 use super::config::CONFIGS;
-use super::manager::{admit_options, append_into, extra_keys};
+use super::manager::{admit_options, extra_keys};
+use super::requests::{AdmitOutputs, GrowOutputs};
 use super::store::STORES;
+use super::types::{MlaBlockCopy, MlaTierHits, MlaTierStats};
 use super::{
-    guard, input, opt_text, FfiResult, MlaAdmitOptions, MlaBlockCopy, MlaBlockId, MlaConfig,
-    MlaExtraKeys, MlaRequestId, MlaStatus, MlaStore, MlaTokenId, Out, OutBuf, Registry,
+    guard, input, opt_text, FfiResult, MlaAdmitOptions, MlaBlockId, MlaConfig, MlaExtraKeys,
+    MlaRequestId, MlaStatus, MlaStore, MlaTokenId, Out, OutBuf, Registry,
 };
 use crate::store::Stream;
-use crate::tier::remote::RemoteStats;
-use crate::tier::{HostTierStats, RemoteOptions, TierHits, TierSettings, TieredCache};
+use crate::tier::{RemoteOptions, TierSettings, TieredCache};
 
 /// A tiered cache (opaque): a block manager and its store (the device
 /// tier, L1), a host-memory tier (L2) and a remote tier (L3). Allocate only
@@ -53,128 +54,6 @@ pub struct MlaTierOptions {
     /// The engine's `CUstream`: block copies out of and into a CUDA store
     /// are enqueued on it and waited for. NULL: the legacy default stream.
     pub stream: *mut c_void,
-}
-
-/// Prompt tokens served by each tier: a leading run from the device tier,
-/// continued from host memory, then from the remote tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaTierHits {
-    /// Tokens already in the device tier.
-    pub device_tokens: usize,
-    /// Tokens loaded (for a lookup: loadable) from host memory.
-    pub host_tokens: usize,
-    /// Tokens loaded (for a lookup: loadable) from the remote tier.
-    pub remote_tokens: usize,
-}
-
-impl From<TierHits> for MlaTierHits {
-    fn from(h: TierHits) -> Self {
-        Self {
-            device_tokens: h.device_tokens,
-            host_tokens: h.host_tokens,
-            remote_tokens: h.remote_tokens,
-        }
-    }
-}
-
-/// Counters of the host tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaHostTierStats {
-    /// Blocks the tier can hold.
-    pub capacity_blocks: u64,
-    /// Blocks held now.
-    pub blocks: u64,
-    /// Blocks copied in.
-    pub stores: u64,
-    /// Blocks copied out (loads, uploads to the remote tier).
-    pub loads: u64,
-    /// Blocks evicted to make room.
-    pub evictions: u64,
-}
-
-impl From<HostTierStats> for MlaHostTierStats {
-    fn from(s: HostTierStats) -> Self {
-        Self {
-            capacity_blocks: s.capacity_blocks,
-            blocks: s.blocks,
-            stores: s.stores,
-            loads: s.loads,
-            evictions: s.evictions,
-        }
-    }
-}
-
-/// Counters of the remote tier.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaRemoteStats {
-    /// Lookups sent (block gets and existence probes).
-    pub lookups: u64,
-    /// Blocks found and accepted.
-    pub hit_blocks: u64,
-    /// Blocks asked for and not found, or lost to a failure.
-    pub miss_blocks: u64,
-    /// Values refused: bad header, geometry, length or checksum.
-    pub rejected: u64,
-    /// Lookups that ran past the budget.
-    pub timeouts: u64,
-    /// Backend calls that failed (connection, timeout, server error).
-    pub errors: u64,
-    /// Jobs not queued because the queue was full.
-    pub queue_full: u64,
-    /// Blocks handed to the backend for writing.
-    pub put_blocks: u64,
-    /// Value bytes handed to the backend for writing.
-    pub put_bytes: u64,
-    /// Value bytes read and accepted.
-    pub get_bytes: u64,
-}
-
-impl From<RemoteStats> for MlaRemoteStats {
-    fn from(s: RemoteStats) -> Self {
-        Self {
-            lookups: s.lookups,
-            hit_blocks: s.hit_blocks,
-            miss_blocks: s.miss_blocks,
-            rejected: s.rejected,
-            timeouts: s.timeouts,
-            errors: s.errors,
-            queue_full: s.queue_full,
-            put_blocks: s.put_blocks,
-            put_bytes: s.put_bytes,
-            get_bytes: s.get_bytes,
-        }
-    }
-}
-
-/// Counters of a tiered cache and of its tiers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(C)]
-pub struct MlaTierStats {
-    /// Prompt tokens looked up by admissions.
-    pub query_tokens: u64,
-    /// Tokens served from the device tier by admissions.
-    pub device_hit_tokens: u64,
-    /// Tokens loaded from host memory by admissions.
-    pub host_hit_tokens: u64,
-    /// Tokens loaded from the remote tier by admissions.
-    pub remote_hit_tokens: u64,
-    /// Blocks copied down when computed or hit (write-through, selective).
-    pub written_through: u64,
-    /// Evicted blocks copied down before reuse (write-back).
-    pub written_back: u64,
-    /// Block copies that failed (the block is then not in the lower tier).
-    pub copy_errors: u64,
-    /// Whether there is a host tier (else `host` is zero).
-    pub has_host: bool,
-    /// The host tier's counters.
-    pub host: MlaHostTierStats,
-    /// Whether there is a remote tier (else `remote` is zero).
-    pub has_remote: bool,
-    /// The remote tier's counters.
-    pub remote: MlaRemoteStats,
 }
 
 /// Runs `f` on the tiered cache behind a live handle.
@@ -292,24 +171,14 @@ pub unsafe extern "C" fn mla_tiered_admit(
     guard("mla_tiered_admit", || {
         // SAFETY: per the contract, for every pointer below.
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
-        let cached_out = Out::new(num_cached_tokens, "num_cached_tokens")?;
+        let outs = AdmitOutputs::new(block_ids, block_ids_cap, num_block_ids, num_cached_tokens)?;
         let hits_out = Out::new(hits, "hits")?;
         let opts = unsafe { admit_options(options) }?;
         with(cache, |c| {
             let config = c.manager().config();
-            if let Some(slots) = tokens.len().checked_add(opts.decode_slots) {
-                let needed = slots.div_ceil(config.block_size);
-                if needed <= config.num_blocks {
-                    unsafe { out.reserve(needed) }?;
-                }
-            }
-            let admission = c.admit(id, tokens, &opts)?;
-            unsafe {
-                out.fill(&admission.block_ids)?;
-                cached_out.set(admission.num_cached_tokens);
-                hits_out.set(admission.hits.into());
-            }
+            let admission =
+                unsafe { outs.run(config, tokens.len(), &opts, || c.admit(id, tokens, &opts)) }?;
+            unsafe { hits_out.set(admission.hits.into()) };
             Ok(())
         })
     })
@@ -366,21 +235,18 @@ pub unsafe extern "C" fn mla_tiered_append(
     guard("mla_tiered_append", || {
         // SAFETY: per the contract, for every pointer below.
         let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let new_out = OutBuf::new(
+        let outs = GrowOutputs::new(
             new_block_ids,
             new_block_ids_cap,
             num_new_block_ids,
-            "new_block_ids",
+            copies,
+            copies_cap,
+            num_copies,
         )?;
-        let copies_out = OutBuf::new(copies, copies_cap, num_copies, "copies")?;
         with(cache, |c| unsafe {
-            append_into(
-                tokens.len(),
-                c.manager().config().block_size,
-                &new_out,
-                &copies_out,
-                || c.append(id, tokens),
-            )
+            outs.append(tokens.len(), c.manager().config().block_size, || {
+                c.append(id, tokens)
+            })
         })
     })
 }
@@ -489,19 +355,7 @@ pub unsafe extern "C" fn mla_tiered_stats(
     guard("mla_tiered_stats", || {
         let out = Out::new(out, "out")?;
         let s = with(cache, |c| Ok(c.stats()))?;
-        let stats = MlaTierStats {
-            query_tokens: s.query_tokens,
-            device_hit_tokens: s.device_hit_tokens,
-            host_hit_tokens: s.host_hit_tokens,
-            remote_hit_tokens: s.remote_hit_tokens,
-            written_through: s.written_through,
-            written_back: s.written_back,
-            copy_errors: s.copy_errors,
-            has_host: s.host.is_some(),
-            host: s.host.map(Into::into).unwrap_or_default(),
-            has_remote: s.remote.is_some(),
-            remote: s.remote.map(Into::into).unwrap_or_default(),
-        };
+        let stats = MlaTierStats::from(s);
         // SAFETY: per the contract.
         unsafe { out.set(stats) };
         Ok(())

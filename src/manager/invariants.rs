@@ -2,7 +2,7 @@
 //! pool here, the prefix cache's own in `prefix_cache/invariants.rs`.
 
 use super::BlockManager;
-use crate::BlockId;
+use crate::ids::BlockId;
 
 impl BlockManager {
     /// Checks every bookkeeping invariant; for tests of this crate and of its

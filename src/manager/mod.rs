@@ -39,11 +39,11 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
+use crate::ids::{BlockId, RequestId, TokenId};
 use crate::policy::{self, EvictionPolicy, Retention};
 use crate::prefix_cache::{CacheState, Prefixes};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
-use crate::{BlockId, RequestId, TokenId};
 
 /// A paged MLA cache's bookkeeping: allocation, prefix sharing,
 /// copy-on-write, pinning and eviction. `Send + Sync`: share it with `Arc`.
@@ -67,6 +67,18 @@ struct Request {
     /// How the blocks it stores are kept, as the policy decided at admission.
     retention: Retention,
     keys: Arc<KeyDigest>,
+}
+
+/// A checked prompt with what admitting it needs ([`BlockManager::prepare`]).
+#[derive(Debug)]
+pub(crate) struct Prompt {
+    keys: Arc<KeyDigest>,
+    /// Hashes of its full blocks.
+    pub(crate) hashes: Vec<BlockHash>,
+    /// How many leading blocks a hit may cover.
+    pub(crate) hit_limit: usize,
+    /// Blocks the request holds once admitted.
+    needed: usize,
 }
 
 /// Everything under the manager's lock, in parts that calls borrow apart:
@@ -131,6 +143,13 @@ impl BlockManager {
         tokens: &[TokenId],
         opts: &AdmitOptions,
     ) -> Result<Admission> {
+        let prompt = self.prepare(tokens, opts)?;
+        self.admit_prepared(id, tokens, opts, &prompt)
+    }
+
+    /// Checks a prompt and computes, before the state lock is taken, what
+    /// admitting it needs: its key digest, its chain and its hit cap.
+    pub(crate) fn prepare(&self, tokens: &[TokenId], opts: &AdmitOptions) -> Result<Prompt> {
         if tokens.is_empty() {
             return Err(Error::EmptyInput(
                 "a request needs at least one prompt token",
@@ -149,19 +168,35 @@ impl BlockManager {
         }
         let keys = self.prefixes.hasher.digest(&opts.keys);
         let hashes = self.prefixes.chain(tokens, &keys);
-        let bs = self.config.block_size;
         let hit_limit = if self.config.cap_hit_at_last_token {
-            (tokens.len() - 1) / bs
+            (tokens.len() - 1) / self.config.block_size
         } else {
             hashes.len()
         };
+        Ok(Prompt {
+            keys: Arc::new(keys),
+            hashes,
+            hit_limit,
+            needed,
+        })
+    }
 
+    /// [`BlockManager::admit`] of a prompt that [`BlockManager::prepare`]
+    /// computed with the same `tokens` and `opts`.
+    pub(crate) fn admit_prepared(
+        &self,
+        id: RequestId,
+        tokens: &[TokenId],
+        opts: &AdmitOptions,
+        prompt: &Prompt,
+    ) -> Result<Admission> {
+        let (hashes, needed, bs) = (&prompt.hashes, prompt.needed, self.config.block_size);
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.requests.contains_key(&id) {
             return Err(Error::DuplicateRequest(id));
         }
-        let hits = self.prefixes.lookup(tokens, &hashes, hit_limit);
+        let hits = self.prefixes.lookup(tokens, hashes, prompt.hit_limit);
         let reviving = hits.iter().filter(|&&b| st.cache.is_evictable(b)).count();
         let fresh = needed - hits.len();
         let available = st.pool.num_free(&st.cache) - reviving;
@@ -172,7 +207,7 @@ impl BlockManager {
             });
         }
 
-        let retention = st.cache.policy.on_request(&hashes, hits.len());
+        let retention = st.cache.policy.on_request(hashes, hits.len());
         let mut blocks = Vec::with_capacity(needed);
         for &b in &hits {
             st.pool.acquire(&mut st.cache, b);
@@ -199,15 +234,11 @@ impl BlockManager {
             tokens: tokens.to_vec(),
             blocks,
             // The precomputed chain is kept only up to what is hashed and indexed below.
-            hashes: {
-                let mut chain = hashes;
-                chain.truncate(num_computed / bs);
-                chain
-            },
+            hashes: hashes.iter().take(num_computed / bs).copied().collect(),
             num_computed,
             chunked: opts.chunked_prefill,
             retention,
-            keys: Arc::new(keys),
+            keys: Arc::clone(&prompt.keys),
         };
         self.index_blocks(&mut st.cache, &mut request, 0);
         let admission = Admission {
@@ -221,12 +252,16 @@ impl BlockManager {
     /// Longest cached prefix of `tokens` under `keys`, without admitting
     /// anything or taking references: the blocks may be evicted right after.
     pub fn match_prefix(&self, tokens: &[TokenId], keys: &ExtraKeys) -> PrefixMatch {
-        let hashes = self.chain(tokens, keys);
-        let block_ids = self.prefixes.lookup(tokens, &hashes, usize::MAX);
+        let block_ids = self.cached_run(tokens, &self.chain(tokens, keys));
         PrefixMatch {
             num_tokens: block_ids.len() * self.config.block_size,
             block_ids,
         }
+    }
+
+    /// The cached leading blocks of `tokens`, whose chain is `hashes`.
+    pub(crate) fn cached_run(&self, tokens: &[TokenId], hashes: &[BlockHash]) -> Vec<BlockId> {
+        self.prefixes.lookup(tokens, hashes, usize::MAX)
     }
 
     /// Appends generated `tokens` to request `id`. Fills the reserved room

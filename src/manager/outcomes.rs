@@ -1,7 +1,7 @@
 //! What the block manager's calls take and return.
 
 use crate::hash::ExtraKeys;
-use crate::BlockId;
+use crate::ids::BlockId;
 
 #[cfg(doc)]
 use super::BlockManager;

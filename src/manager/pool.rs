@@ -9,8 +9,8 @@
 //! is locked, so not free either.
 
 use super::super::prefix_cache::{CacheState, Prefixes};
-use crate::policy::IdList;
-use crate::BlockId;
+use crate::id_list::IdList;
+use crate::ids::BlockId;
 
 /// Per block, what the pool keeps.
 #[derive(Debug, Clone, Copy, Default)]

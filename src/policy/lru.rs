@@ -1,7 +1,8 @@
 //! Least recently freed first: vLLM's free-block queue, the default.
 
-use super::{EvictionPolicy, IdList};
-use crate::BlockId;
+use super::EvictionPolicy;
+use crate::id_list::IdList;
+use crate::ids::BlockId;
 
 /// Least recently freed first (vLLM's free-block queue). Ignores stores and
 /// hits: only the order in which blocks were freed counts.

@@ -10,9 +10,9 @@
 //! | policy | module | rule |
 //! |---|---|---|
 //! | `lru` | [`lru`] | least recently freed first (vLLM) |
-//! | `arc` | [`arc`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
-//! | `residency` | [`arc`] | the same lists; requests that mostly hit keep their new blocks, others' go first |
-//! | `adaptive` | [`duel`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
+//! | `arc` | [`once_reused`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
+//! | `residency` | [`once_reused`] | the same lists; requests that mostly hit keep their new blocks, others' go first |
+//! | `adaptive` | [`adaptive`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
 //!
 //! The lifecycle of a block, as the policy sees it:
 //!
@@ -26,22 +26,20 @@
 //!              in use or free (then after remove(b)); it is as if never stored.
 //! ```
 
-mod arc;
-mod duel;
+mod adaptive;
 mod ghost;
-mod id_list;
 mod lru;
+mod once_reused;
 
 use std::fmt;
 
-pub(crate) use arc::{AdaptiveReplacement, Rule};
-pub(crate) use duel::Duel;
-pub(crate) use id_list::IdList;
+pub(crate) use adaptive::Adaptive;
 pub(crate) use lru::Lru;
+pub(crate) use once_reused::{OnceReused, Rule};
 
 use crate::config::EvictionPolicyKind;
 use crate::hash::BlockHash;
-use crate::BlockId;
+use crate::ids::BlockId;
 
 /// How the blocks a request stores are kept, as its policy decided when the
 /// request was admitted ([`EvictionPolicy::on_request`]).
@@ -57,10 +55,13 @@ pub enum Retention {
 
 /// Orders the evictable set: cached blocks that no request holds.
 ///
-/// Contract (the manager's calls, for every policy):
+/// Contract (the prefix cache's calls, under `BlockManager` and `PrefixCache`
+/// alike, for every policy):
 /// - [`on_request`](Self::on_request)`(hashes, hit)`: a request was admitted;
 ///   `hashes` are its prompt's full blocks, the leading `hit` of them
 ///   cached. Its answer is the retention of the blocks the request stores.
+///   (`PrefixCache::insert` counts as a request: its blocks, its leading
+///   cached ones.)
 /// - [`on_store`](Self::on_store)`(b, h, r)`: block `b` entered the prefix
 ///   index under `h`, stored by a request whose retention is `r`; its
 ///   contents are new. `b` is in use, never evictable, then.
@@ -117,11 +118,9 @@ pub trait EvictionPolicy: Send + fmt::Debug {
 pub(crate) fn build(kind: EvictionPolicyKind, num_blocks: usize) -> Box<dyn EvictionPolicy> {
     match kind {
         EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)),
-        EvictionPolicyKind::Arc => Box::new(AdaptiveReplacement::new(num_blocks, Rule::Arc)),
-        EvictionPolicyKind::Residency => {
-            Box::new(AdaptiveReplacement::new(num_blocks, Rule::Residency))
-        }
-        EvictionPolicyKind::Adaptive => Box::new(Duel::new(num_blocks)),
+        EvictionPolicyKind::Arc => Box::new(OnceReused::new(num_blocks, Rule::Arc)),
+        EvictionPolicyKind::Residency => Box::new(OnceReused::new(num_blocks, Rule::Residency)),
+        EvictionPolicyKind::Adaptive => Box::new(Adaptive::new(num_blocks)),
     }
 }
 

@@ -15,10 +15,10 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Hasher, KeyDigest};
+use crate::ids::{BlockId, TokenId};
 use crate::index::PrefixIndex;
 use crate::policy::{EvictionPolicy, Retention};
 use crate::stats::CacheStats;
-use crate::{BlockId, TokenId};
 
 use super::pins::Pins;
 

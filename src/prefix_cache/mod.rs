@@ -20,11 +20,11 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::ExtraKeys;
+use crate::ids::{BlockId, TokenId};
 use crate::index::PrefixIndex;
 use crate::policy;
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
-use crate::{BlockId, TokenId};
 
 /// The outcome of [`BlockManager::match_prefix`](crate::BlockManager::match_prefix)
 /// and [`PrefixCache::match_prefix`].
@@ -58,6 +58,33 @@ pub struct Insertion {
 /// configured policy ([`evict`](Self::evict)), handing their ids back.
 /// `Send + Sync`; every failing call returns an [`Error`] and changes
 /// nothing.
+///
+/// ```
+/// use mla_cache::{CacheConfig, ExtraKeys, PrefixCache};
+///
+/// let mut config = CacheConfig::new(64);
+/// config.block_size = 4;
+/// let cache = PrefixCache::new(config)?;
+/// let none = ExtraKeys::default();
+///
+/// // A finished request's pages 10, 11 (full) and 12 (partial tail) go in.
+/// let prompt: Vec<u32> = (0..10).collect();
+/// let first = cache.insert(&prompt, &none, &[10, 11, 12])?;
+/// assert_eq!(first.block_ids, [10, 11]); // the tail's page stays the caller's
+///
+/// // Another request computed the same prefix in pages 20, 21: duplicates.
+/// let second = cache.insert(&prompt[..8], &none, &[20, 21])?;
+/// assert_eq!(second.duplicate_block_ids, [20, 21]); // the caller frees them
+///
+/// // Match, lock the path while a request runs on it, then let it go.
+/// let hit = cache.match_prefix(&prompt, &none);
+/// assert_eq!((hit.block_ids.as_slice(), hit.num_tokens), (&[10, 11][..], 8));
+/// cache.lock(&hit.block_ids)?;
+/// assert!(cache.evict(2).is_empty());
+/// cache.unlock(&hit.block_ids)?;
+/// assert_eq!(cache.evict(2), [11, 10]); // freed through the caller's allocator
+/// # Ok::<(), mla_cache::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct PrefixCache {
     config: CacheConfig,

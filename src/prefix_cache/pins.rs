@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::core::{CacheState, Prefixes};
 use crate::error::{Error, Result};
 use crate::hash::BlockHash;
-use crate::{BlockId, TokenId};
+use crate::ids::{BlockId, TokenId};
 
 /// The blocks one `pin` call took, and how many such calls are outstanding.
 #[derive(Debug)]

@@ -51,7 +51,7 @@ impl CacheConfig {
         pin_budget_blocks = None,
         enable_events = false,
         cap_hit_at_last_token = true,
-        max_pending_events = config::CacheConfig::DEFAULT_MAX_PENDING_EVENTS,
+        max_pending_events = 100_000,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(

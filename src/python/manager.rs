@@ -9,16 +9,14 @@ use pyo3::types::{PyDict, PyList};
 use super::config::CacheConfig;
 use super::errors;
 use super::events;
-use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
-use super::outcomes::{block_array, Admission, AppendOutcome, PrefixMatch};
-use super::request_ids::{self, Key, RequestIds};
+use super::outcomes::{Admission, AppendOutcome, PrefixMatch};
+use super::prefix_calls::keyed;
+use super::request_ids::RequestIds;
+use super::requests::RequestApi;
 use super::stats;
-use crate::{manager, AdmitOptions, Error, TokenId};
-
-/// Calls hashing at least this many tokens release the GIL.
-const DETACH_MIN_TOKENS: usize = 1024;
+use crate::{manager, Error, TokenId};
 
 /// A paged MLA cache's bookkeeping: block allocation, prefix sharing by
 /// chained block hashes, copy-on-write for forked requests, pinning and LRU
@@ -47,21 +45,9 @@ pub struct BlockManager {
 }
 
 impl BlockManager {
-    fn err(&self, e: Error) -> PyErr {
-        errors::to_py_named(e, &|id| self.ids.name(id))
-    }
-
-    fn id(obj: &Bound<'_, PyAny>) -> PyResult<Key> {
-        Key::extract(obj)
-    }
-}
-
-/// Runs `f`, without the GIL when it hashes `n` tokens or more.
-pub(crate) fn hashing<T: Send>(py: Python<'_>, n: usize, f: impl FnOnce() -> T + Send) -> T {
-    if n >= DETACH_MIN_TOKENS {
-        py.detach(f)
-    } else {
-        f()
+    /// The request API over this manager.
+    fn api(&self) -> RequestApi<'_, manager::BlockManager> {
+        RequestApi::new(&self.inner, &self.ids)
     }
 }
 
@@ -107,17 +93,16 @@ impl BlockManager {
         salt: Option<String>,
         chunked_prefill: bool,
     ) -> PyResult<Admission> {
-        let key = Self::id(request_id)?;
-        let opts = AdmitOptions {
+        let admitted = self.api().admit(
+            py,
+            request_id,
+            tokens,
             decode_slots,
-            keys: extra_keys::extract(extra_keys, salt)?,
+            extra_keys,
+            salt,
             chunked_prefill,
-        };
-        let admitted = hashing(py, tokens.len(), || {
-            self.ids
-                .create(&key, |id| self.inner.admit(id, &tokens, &opts))
-        });
-        Ok(Admission::new(py, admitted.map_err(|e| self.err(e))?))
+        )?;
+        Ok(Admission::new(py, admitted))
     }
 
     /// The longest cached prefix of ``tokens`` (whole blocks), without
@@ -131,8 +116,9 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<PrefixMatch> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        let found = hashing(py, tokens.len(), || self.inner.match_prefix(&tokens, &keys));
+        let found = keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.match_prefix(&tokens, k)
+        })?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -147,9 +133,7 @@ impl BlockManager {
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
     ) -> PyResult<AppendOutcome> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
-        let outcome = self.inner.append(id, &tokens).map_err(|e| self.err(e))?;
-        AppendOutcome::new(py, outcome)
+        self.api().append(py, request_id, tokens)
     }
 
     /// Reports that the first ``num_computed_tokens`` tokens of
@@ -157,35 +141,25 @@ impl BlockManager {
     /// among them become shareable. Progress only moves forward.
     fn commit(
         &self,
+        py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
     ) -> PyResult<()> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
-        self.inner
-            .commit(id, num_computed_tokens)
-            .map_err(|e| self.err(e))
+        self.api().commit(py, request_id, num_computed_tokens)
     }
 
     /// Creates request ``child`` sharing every block of ``parent`` that holds
     /// tokens (parallel sampling, beam search). Takes no new block: the first
     /// append to a shared partial tail copies it.
     fn fork(&self, parent: &Bound<'_, PyAny>, child: &Bound<'_, PyAny>) -> PyResult<()> {
-        let parent = self.ids.get(&Self::id(parent)?)?;
-        let child = Self::id(child)?;
-        self.ids
-            .create(&child, |c| self.inner.fork(parent, c))
-            .map_err(|e| self.err(e))
+        self.api().fork(parent, child)
     }
 
     /// Frees ``request_id``: its blocks are released tail first, so the
     /// deepest blocks of a prefix chain are evicted before its root. Its
     /// full blocks stay cached for later hits until evicted.
-    fn free(&self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let key = Self::id(request_id)?;
-        match self.ids.remove(&key, |id| self.inner.free(id)) {
-            Some(done) => done.map_err(|e| self.err(e)),
-            None => Err(request_ids::unknown(&key)),
-        }
+    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.api().free(py, request_id)
     }
 
     /// The block table of ``request_id`` (numpy int32), reserved room included.
@@ -194,9 +168,7 @@ impl BlockManager {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyArray1<i32>>> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
-        let table = self.inner.block_table(id).map_err(|e| self.err(e))?;
-        Ok(block_array(py, table))
+        self.api().block_table(py, request_id)
     }
 
     /// Slot numbers (``block_id * block_size + offset``, numpy int64) of
@@ -209,18 +181,12 @@ impl BlockManager {
         #[pyo3(from_py_with = ints::size)] start: usize,
         #[pyo3(from_py_with = ints::size)] end: usize,
     ) -> PyResult<Py<PyArray1<i64>>> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
-        let slots = self
-            .inner
-            .slot_mapping(id, start..end)
-            .map_err(|e| self.err(e))?;
-        Ok(PyArray1::from_vec(py, slots).unbind())
+        self.api().slot_mapping(py, request_id, start, end)
     }
 
     /// Tokens (prompt and appended) of ``request_id``.
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
-        self.inner.num_tokens(id).map_err(|e| self.err(e))
+        self.api().num_tokens(request_id)
     }
 
     /// Grows ``request_id``'s block table so it has room for ``total_slots``
@@ -239,11 +205,9 @@ impl BlockManager {
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] total_slots: usize,
     ) -> PyResult<AppendOutcome> {
-        let id = self.ids.get(&Self::id(request_id)?)?;
         let outcome = self
-            .inner
-            .reserve(id, total_slots)
-            .map_err(|e| self.err(e))?;
+            .api()
+            .on(request_id, |m, id| m.reserve(id, total_slots))?;
         AppendOutcome::new(py, outcome)
     }
 
@@ -280,8 +244,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.pin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// Releases one pin of the prefix ``tokens``: the pin whose run ends
@@ -295,8 +261,10 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.unpin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.unpin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// A snapshot of gauges and counters as a dict: ``num_blocks``,

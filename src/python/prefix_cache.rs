@@ -9,11 +9,10 @@ use pyo3::types::{PyDict, PyList};
 use super::config::CacheConfig;
 use super::errors;
 use super::events;
-use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
-use super::manager::hashing;
 use super::outcomes::{block_array, Insertion, PrefixMatch};
+use super::prefix_calls::keyed;
 use super::stats;
 use crate::TokenId;
 
@@ -72,10 +71,9 @@ impl PrefixCache {
         salt: Option<String>,
     ) -> PyResult<Insertion> {
         let blocks = int_arrays::block_ids(block_ids)?;
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        let inserted = hashing(py, tokens.len(), || {
-            self.inner.insert(&tokens, &keys, &blocks)
-        });
+        let inserted = keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.insert(&tokens, k, &blocks)
+        })?;
         Ok(Insertion::new(py, inserted.map_err(errors::to_py)?))
     }
 
@@ -90,8 +88,9 @@ impl PrefixCache {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<PrefixMatch> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        let found = hashing(py, tokens.len(), || self.inner.match_prefix(&tokens, &keys));
+        let found = keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.match_prefix(&tokens, k)
+        })?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -150,8 +149,10 @@ impl PrefixCache {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.pin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.pin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// Releases one pin of the prefix ``tokens`` (the one ending deepest in
@@ -164,8 +165,10 @@ impl PrefixCache {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<usize> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        hashing(py, tokens.len(), || self.inner.unpin(&tokens, &keys)).map_err(errors::to_py)
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.unpin(&tokens, k)
+        })?
+        .map_err(errors::to_py)
     }
 
     /// External (64-bit) hashes of the full blocks of ``tokens``: the values
@@ -178,10 +181,9 @@ impl PrefixCache {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
     ) -> PyResult<Vec<u64>> {
-        let keys = extra_keys::extract(extra_keys, salt)?;
-        Ok(hashing(py, tokens.len(), || {
-            self.inner.block_hashes(&tokens, &keys)
-        }))
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.block_hashes(&tokens, k)
+        })
     }
 
     /// Gauges and counters as ``BlockManager.stats`` names them. The caller

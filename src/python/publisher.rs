@@ -26,44 +26,44 @@ pub struct EventPublisher {
 impl EventPublisher {
     #[new]
     #[pyo3(signature = (
-        endpoint = "tcp://*:5557".to_owned(),
+        endpoint = "tcp://*:5557",
         replay_endpoint = None,
         buffer_steps = 10_000,
         hwm = 100_000,
         max_queue_size = 100_000,
-        topic = String::new(),
+        topic = "",
         data_parallel_rank = 0,
         max_batch_events = 1024,
         max_batch_delay_s = 0.005,
-        medium = publish::MEDIUM_GPU.to_owned(),
+        medium = "GPU",
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        endpoint: String,
+        endpoint: &str,
         replay_endpoint: Option<String>,
         buffer_steps: usize,
         hwm: i32,
         max_queue_size: usize,
-        topic: String,
+        topic: &str,
         data_parallel_rank: u32,
         max_batch_events: usize,
         max_batch_delay_s: f64,
-        medium: String,
+        medium: &str,
     ) -> PyResult<Self> {
         let max_batch_delay = Duration::try_from_secs_f64(max_batch_delay_s)
             .map_err(|_| PyValueError::new_err("max_batch_delay_s must be a finite number >= 0"))?;
         let config = PublisherConfig {
-            endpoint,
+            endpoint: endpoint.to_owned(),
             replay_endpoint,
             buffer_steps,
             hwm,
             max_queue_size,
-            topic,
+            topic: topic.to_owned(),
             data_parallel_rank,
             max_batch_events,
             max_batch_delay,
-            medium,
+            medium: medium.to_owned(),
         };
         let inner = py
             .detach(|| publish::EventPublisher::new(config))

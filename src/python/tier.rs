@@ -13,13 +13,14 @@ use super::errors;
 use super::extra_keys;
 use super::int_arrays::tokens;
 use super::ints;
-use super::outcomes::{block_array, AppendOutcome};
-use super::request_ids::{self, Key, RequestIds};
+use super::outcomes::AppendOutcome;
+use super::request_ids::RequestIds;
+use super::requests::RequestApi;
 use super::store::LatentStore;
 use super::tier_outcomes::{TierHits, TieredAdmission};
 use crate::store::Stream;
 use crate::tier::{self, RemoteOptions, TierSettings, WritePolicy};
-use crate::{AdmitOptions, Error, TokenId};
+use crate::TokenId;
 
 /// A block manager and its ``LatentStore`` (the device tier, L1) with
 /// lower tiers: host memory (L2, ``host_mem`` bytes, LRU over whole
@@ -55,8 +56,9 @@ pub struct TieredCache {
 }
 
 impl TieredCache {
-    fn err(&self, e: Error) -> PyErr {
-        errors::to_py_named(e, &|id| self.ids.name(id))
+    /// The request API over this cache.
+    fn api(&self) -> RequestApi<'_, tier::TieredCache> {
+        RequestApi::new(&self.inner, &self.ids)
     }
 }
 
@@ -145,17 +147,16 @@ impl TieredCache {
         salt: Option<String>,
         chunked_prefill: bool,
     ) -> PyResult<TieredAdmission> {
-        let key = Key::extract(request_id)?;
-        let opts = AdmitOptions {
+        let admitted = self.api().admit(
+            py,
+            request_id,
+            tokens,
             decode_slots,
-            keys: extra_keys::extract(extra_keys, salt)?,
+            extra_keys,
+            salt,
             chunked_prefill,
-        };
-        let admitted = py.detach(|| {
-            self.ids
-                .create(&key, |id| self.inner.admit(id, &tokens, &opts))
-        });
-        TieredAdmission::new(py, admitted.map_err(|e| self.err(e))?)
+        )?;
+        TieredAdmission::new(py, admitted)
     }
 
     /// Where the longest cached prefix of ``tokens`` lies, without admitting
@@ -181,11 +182,7 @@ impl TieredCache {
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
     ) -> PyResult<AppendOutcome> {
-        let id = self.ids.get(&Key::extract(request_id)?)?;
-        let outcome = py
-            .detach(|| self.inner.append(id, &tokens))
-            .map_err(|e| self.err(e))?;
-        AppendOutcome::new(py, outcome)
+        self.api().append(py, request_id, tokens)
     }
 
     /// Reports that the first ``num_computed_tokens`` tokens of
@@ -197,29 +194,19 @@ impl TieredCache {
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
     ) -> PyResult<()> {
-        let id = self.ids.get(&Key::extract(request_id)?)?;
-        py.detach(|| self.inner.commit(id, num_computed_tokens))
-            .map_err(|e| self.err(e))
+        self.api().commit(py, request_id, num_computed_tokens)
     }
 
     /// Creates request ``child`` sharing the blocks of ``parent``, like
     /// ``BlockManager.fork``.
     fn fork(&self, parent: &Bound<'_, PyAny>, child: &Bound<'_, PyAny>) -> PyResult<()> {
-        let parent = self.ids.get(&Key::extract(parent)?)?;
-        let child = Key::extract(child)?;
-        self.ids
-            .create(&child, |c| self.inner.fork(parent, c))
-            .map_err(|e| self.err(e))
+        self.api().fork(parent, child)
     }
 
     /// Frees ``request_id`` like ``BlockManager.free`` (an unchunked
     /// request's written blocks go down first under write-through).
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let key = Key::extract(request_id)?;
-        match py.detach(|| self.ids.remove(&key, |id| self.inner.free(id))) {
-            Some(done) => done.map_err(|e| self.err(e)),
-            None => Err(request_ids::unknown(&key)),
-        }
+        self.api().free(py, request_id)
     }
 
     /// The block table of ``request_id`` (numpy int32), reserved room included.
@@ -228,13 +215,7 @@ impl TieredCache {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyArray1<i32>>> {
-        let id = self.ids.get(&Key::extract(request_id)?)?;
-        let table = self
-            .inner
-            .manager()
-            .block_table(id)
-            .map_err(|e| self.err(e))?;
-        Ok(block_array(py, table))
+        self.api().block_table(py, request_id)
     }
 
     /// Slot numbers (numpy int64) of token positions ``start .. end`` of
@@ -246,19 +227,12 @@ impl TieredCache {
         #[pyo3(from_py_with = ints::size)] start: usize,
         #[pyo3(from_py_with = ints::size)] end: usize,
     ) -> PyResult<Py<PyArray1<i64>>> {
-        let id = self.ids.get(&Key::extract(request_id)?)?;
-        let slots = self
-            .inner
-            .manager()
-            .slot_mapping(id, start..end)
-            .map_err(|e| self.err(e))?;
-        Ok(PyArray1::from_vec(py, slots).unbind())
+        self.api().slot_mapping(py, request_id, start, end)
     }
 
     /// Tokens (prompt and appended) of ``request_id``.
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let id = self.ids.get(&Key::extract(request_id)?)?;
-        self.inner.manager().num_tokens(id).map_err(|e| self.err(e))
+        self.api().num_tokens(request_id)
     }
 
     /// Waits up to ``timeout_s`` seconds until the remote tier has run

@@ -25,6 +25,7 @@
 mod belady;
 mod cache_model;
 mod chat;
+mod config;
 mod engine;
 mod keys;
 mod report;
@@ -35,7 +36,8 @@ pub mod units;
 pub use belady::belady;
 pub use cache_model::{cache_only, CacheModelReport};
 pub use chat::{generate_mix, ChatConfig};
-pub use engine::{simulate, SimConfig, SimRemoteTier};
+pub use config::{SimConfig, SimRemoteTier};
+pub use engine::simulate;
 pub use keys::BlockKeys;
 pub use report::{Distribution, ManagerCost, SimReport};
 pub use trace::{

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::engine::SimConfig;
+use super::config::SimConfig;
 use super::units::{format_bytes, thousands};
 use crate::tier::{TierHits, TierStats};
 use crate::CacheStats;

@@ -32,7 +32,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::TokenId;
+use crate::ids::TokenId;
 
 /// Tokens named by one hash id.
 pub const HASH_BLOCK_TOKENS: usize = 512;

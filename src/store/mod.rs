@@ -299,6 +299,9 @@ pub(crate) fn check_write_args(
     k_pe.check("k_pe", tokens, config.rope_dim, &ElemType::ALL)
 }
 
+/// The element types a gather can write.
+pub(crate) const GATHER_OUTPUTS: [ElemType; 2] = [ElemType::Bf16, ElemType::F32];
+
 /// Checks the arguments of a gather that the backend can see without
 /// reading memory; returns the number of block-table entries it reads.
 pub(crate) fn check_gather_args(
@@ -313,7 +316,7 @@ pub(crate) fn check_gather_args(
         "out",
         out.rows,
         config.elements_per_token(),
-        &[ElemType::Bf16, ElemType::F32],
+        &GATHER_OUTPUTS,
     )?;
     let blocks = out.rows.div_ceil(config.block_size);
     if block_table.len < blocks {

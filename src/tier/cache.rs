@@ -30,11 +30,11 @@ use super::transfer::BlockTransfer;
 use super::write_policy::WritePolicy;
 use crate::error::{Error, Result};
 use crate::hash::{BlockHash, ExtraKeys};
+use crate::ids::{BlockId, RequestId, TokenId};
 use crate::manager::{AdmitOptions, AppendOutcome, BlockManager};
 use crate::store::Stream;
 use crate::sync::Mutex;
 use crate::tier::remote::BlockFormat;
-use crate::{BlockId, RequestId, TokenId};
 
 /// The lower tiers of a [`TieredCache`] and when blocks go down to them.
 #[derive(Debug, Default)]
@@ -237,14 +237,8 @@ impl TieredCache {
     /// budget). Not capped at the last token.
     pub fn lookup(&self, tokens: &[TokenId], keys: &ExtraKeys) -> TierHits {
         let bs = self.manager.config().block_size;
-        let l1 = self.manager.match_prefix(tokens, keys).block_ids.len();
-        if !self.tiered() {
-            return TierHits {
-                device_tokens: l1 * bs,
-                ..TierHits::default()
-            };
-        }
         let hashes = self.manager.chain_hashes(tokens, keys);
+        let l1 = self.manager.cached_run(tokens, &hashes).len();
         let l2 = self
             .host
             .as_ref()
@@ -289,20 +283,17 @@ impl TieredCache {
             chunked_prefill: true,
             ..opts.clone()
         };
+        // The chain and the hit cap of the admission serve the loads below.
+        let prompt = self.manager.prepare(tokens, &chunked)?;
         let admission = {
             let _alloc = self.alloc.lock();
-            let a = self.manager.admit(id, tokens, &chunked);
+            let a = self.manager.admit_prepared(id, tokens, &chunked, &prompt);
             let evicted = self.manager.take_evicted_chain();
             drop(_alloc);
             self.on_evicted(&evicted);
             a?
         };
-        let hashes = self.manager.chain_hashes(tokens, &opts.keys);
-        let limit = if config.cap_hit_at_last_token {
-            (tokens.len() - 1) / bs
-        } else {
-            hashes.len()
-        };
+        let (hashes, limit) = (&prompt.hashes, prompt.hit_limit);
         let blocks = &admission.block_ids;
         let l1 = admission.num_cached_tokens / bs;
         if let WritePolicy::WriteThroughSelective { min_hits } = self.policy {

@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::hash::BlockHash;
-use crate::policy::IdList;
+use crate::id_list::IdList;
 
 /// Maps block hashes to slots `0..capacity`, evicting the least recently
 /// used entry when full.

@@ -1,8 +1,8 @@
 //! Whole-block copies between the device tier's store and host memory.
 
 use crate::error::{Error, Result};
+use crate::ids::BlockId;
 use crate::store::{HostStore, Stream};
-use crate::BlockId;
 
 /// A device-tier store whose blocks can be copied out and in whole: every
 /// layer of one block, in stored format, layer after layer. This is the

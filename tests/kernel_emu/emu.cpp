@@ -69,7 +69,7 @@ static inline unsigned __shfl_xor_sync(unsigned, unsigned v, int lane_mask) {
     return r;
 }
 
-#include "../../src/store/kernels.cu"
+#include "../../src/store/cuda/kernels.cu"
 
 typedef long long i64;
 

@@ -24,7 +24,8 @@ use mla_cache::sim::{
 use mla_cache::{Dtype, EvictionPolicyKind};
 
 use crate::plot::{Chart, Marker, Series};
-use crate::simulate::{progress_bar, SimulateArgs};
+use crate::progress::progress_bar;
+use crate::simulate_args::SimulateArgs;
 
 /// Token capacities swept: 2^18 to 2^24 in steps of sqrt(2).
 fn token_grid() -> impl Iterator<Item = usize> {

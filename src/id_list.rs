@@ -1,6 +1,6 @@
 //! An intrusive doubly linked list over block ids.
 
-use crate::BlockId;
+use crate::ids::BlockId;
 
 const NIL: u32 = u32::MAX;
 

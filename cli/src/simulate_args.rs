@@ -1,18 +1,18 @@
-//! `mla-cache simulate`: replay a workload through the block manager.
+//! The options of `mla-cache simulate` and what they build: the workload,
+//! the simulation's and the manager's configuration (read by `simulate.rs`
+//! and `sweep.rs`).
 
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use mla_cache::sim::SimRemoteTier;
 use mla_cache::sim::{
-    generate_mix, simulate, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
+    generate_mix, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 
 use crate::args;
-use crate::sweep;
 
 /// The built-in workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -245,44 +245,4 @@ impl SimulateArgs {
         }
         Ok(n)
     }
-}
-
-/// A progress bar on stderr (drawn only on a terminal).
-pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({eta} left)")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
-}
-
-/// Runs `mla-cache simulate`.
-pub fn run(args: &SimulateArgs) -> Result<(), String> {
-    let (name, trace) = args.load()?;
-    if let Some(path) = &args.save_trace {
-        std::fs::write(path, trace.to_jsonl())
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if args.sweep {
-        return sweep::run(args, &name, &trace);
-    }
-    let config = args.with_tiers(args.sim_config(args.dtype, args.num_blocks()?))?;
-    let bar = progress_bar(trace.requests.len() as u64, "simulating");
-    let report = simulate(&name, &trace.requests, &config, |done, _| {
-        bar.set_position(done as u64)
-    })
-    .map_err(|e| e.to_string())?;
-    bar.finish_and_clear();
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("a report always serializes")
-        );
-    } else {
-        print!("{report}");
-    }
-    Ok(())
 }

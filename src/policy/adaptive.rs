@@ -29,16 +29,16 @@
 //! hash seed) give the same choices.
 //!
 //! Memory: two shadows of at most 4,096 blocks, each an
-//! [`AdaptiveReplacement`] (about 155 bytes a block) and a map from hash to
+//! [`OnceReused`] (about 155 bytes a block) and a map from hash to
 //! block (about 45): some 200 bytes a shadow block, at most 1.7 MB per
 //! cache, 25 bytes per block of a 16,383-block cache.
 
 use rustc_hash::FxHashMap;
 
-use super::arc::{AdaptiveReplacement, Rule};
+use super::once_reused::{OnceReused, Rule};
 use super::{EvictionPolicy, Retention};
 use crate::hash::BlockHash;
-use crate::BlockId;
+use crate::ids::BlockId;
 
 /// Largest shadow cache, in blocks.
 const SHADOW_BLOCKS: usize = 4096;
@@ -56,7 +56,7 @@ fn key(hash: &BlockHash) -> u64 {
 /// A cache-only model of the sampled blocks under one rule.
 #[derive(Debug)]
 struct Shadow {
-    policy: AdaptiveReplacement,
+    policy: OnceReused,
     /// Hash (its low 64 bits) -> shadow block, and back.
     block_of: FxHashMap<u64, BlockId>,
     hash_of: Vec<u64>,
@@ -71,7 +71,7 @@ struct Shadow {
 impl Shadow {
     fn new(num_blocks: usize, rule: Rule) -> Self {
         Self {
-            policy: AdaptiveReplacement::new(num_blocks, rule),
+            policy: OnceReused::new(num_blocks, rule),
             block_of: FxHashMap::default(),
             hash_of: vec![0; num_blocks],
             fresh: (0..num_blocks as BlockId).rev().collect(),
@@ -126,8 +126,8 @@ impl Shadow {
 /// The real cache under whichever rule wins on the shadows (see the module
 /// docs).
 #[derive(Debug)]
-pub(crate) struct Duel {
-    real: AdaptiveReplacement,
+pub(crate) struct Adaptive {
+    real: OnceReused,
     /// Under ARC, under residency.
     shadows: [Shadow; 2],
     /// A block is sampled when `hash >> 64` is 0 modulo the rate (a power of two).
@@ -138,7 +138,7 @@ pub(crate) struct Duel {
     decay_after: u64,
 }
 
-impl Duel {
+impl Adaptive {
     pub(crate) fn new(num_blocks: usize) -> Self {
         let rate = num_blocks
             .div_ceil(SHADOW_BLOCKS)
@@ -146,7 +146,7 @@ impl Duel {
             .next_power_of_two();
         let shadow_blocks = (num_blocks / rate).max(1);
         Self {
-            real: AdaptiveReplacement::new(num_blocks, Rule::Arc),
+            real: OnceReused::new(num_blocks, Rule::Arc),
             shadows: [
                 Shadow::new(shadow_blocks, Rule::Arc),
                 Shadow::new(shadow_blocks, Rule::Residency),
@@ -165,7 +165,7 @@ impl Duel {
     }
 }
 
-impl EvictionPolicy for Duel {
+impl EvictionPolicy for Adaptive {
     fn name(&self) -> &'static str {
         "adaptive"
     }
@@ -241,7 +241,7 @@ mod tests {
     /// Serves `prompt` through `p` as the cache-only model does, with a
     /// cache of `cached` (hash -> block) and `free` blocks; returns the hits.
     fn serve(
-        p: &mut Duel,
+        p: &mut Adaptive,
         prompt: &[BlockHash],
         cached: &mut FxHashMap<u128, BlockId>,
         hash_of: &mut FxHashMap<BlockId, u128>,
@@ -282,7 +282,7 @@ mod tests {
         // 1,024 blocks (shadows of 64, 1 block in 16 sampled); 40 sessions
         // of 64 blocks resent round robin: 2.5 cache-fulls, so ARC and LRU
         // keep nothing until a session comes back.
-        let mut p = Duel::new(1024);
+        let mut p = Adaptive::new(1024);
         assert_eq!((p.sample_mask, p.rule()), (15, Rule::Arc));
         let (mut cached, mut hash_of) = (FxHashMap::default(), FxHashMap::default());
         let mut free: Vec<BlockId> = (0..1024).collect();
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn the_real_cache_follows_the_shadow_that_hits_more() {
-        let mut p = Duel::new(1024);
+        let mut p = Adaptive::new(1024);
         let sampled = (0..)
             .map(|i| hash(7, i))
             .find(|h| (h.0 >> 64) as u64 & p.sample_mask == 0)
@@ -340,7 +340,7 @@ mod tests {
     #[test]
     fn shadows_stay_within_4096_blocks() {
         for num_blocks in [1, 100, 4096, 65_536, 69_631, 1 << 20] {
-            let p = Duel::new(num_blocks);
+            let p = Adaptive::new(num_blocks);
             let blocks = p.shadows[0].hash_of.len();
             assert!(blocks <= SHADOW_BLOCKS, "{num_blocks}: {blocks}");
             assert!(p.sample_mask >= MIN_RATE as u64 - 1);
@@ -350,7 +350,7 @@ mod tests {
 
     #[test]
     fn scores_decay_so_old_hits_stop_counting() {
-        let mut p = Duel::new(64 * 16); // shadows of 64 blocks
+        let mut p = Adaptive::new(64 * 16); // shadows of 64 blocks
         let sampled = |s: u64| -> Vec<BlockHash> {
             (0..)
                 .map(|i| hash(s, i))

@@ -44,7 +44,7 @@
 //! displacing them; the 1-in-32 admissions (BIP's rate, Qureshi et al.,
 //! ISCA'07) renew the residents, pushing out those that stopped coming first.
 //! On traffic with no loop (the Mooncake trace), residency loses to LRU;
-//! [`super::Duel`] runs both rules on shadow caches and follows the better.
+//! [`super::Adaptive`] runs both rules on shadow caches and follows the better.
 //!
 //! Both lists keep the manager's tail-first release order, so within a list
 //! a chain's deepest blocks go before its root.
@@ -57,9 +57,10 @@
 //! the 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
-use super::{EvictionPolicy, IdList, Retention};
+use super::{EvictionPolicy, Retention};
 use crate::hash::BlockHash;
-use crate::BlockId;
+use crate::id_list::IdList;
+use crate::ids::BlockId;
 
 /// Each ghost list remembers this many evictions per block of the cache.
 /// ARC's directory is twice the cache; a prompt cache's reuse comes back
@@ -99,7 +100,7 @@ pub(crate) enum Rule {
 /// ARC over the evictable set, or residency over the same lists (see the
 /// module docs).
 #[derive(Debug)]
-pub(crate) struct AdaptiveReplacement {
+pub(crate) struct OnceReused {
     once: IdList,
     reused: IdList,
     class: Vec<Class>,
@@ -118,7 +119,7 @@ pub(crate) struct AdaptiveReplacement {
     cold_requests: u64,
 }
 
-impl AdaptiveReplacement {
+impl OnceReused {
     pub(crate) fn new(num_blocks: usize, rule: Rule) -> Self {
         Self {
             once: IdList::new(num_blocks),
@@ -176,7 +177,7 @@ impl AdaptiveReplacement {
     }
 }
 
-impl EvictionPolicy for AdaptiveReplacement {
+impl EvictionPolicy for OnceReused {
     fn name(&self) -> &'static str {
         match self.rule {
             Rule::Arc => "arc",
@@ -296,14 +297,14 @@ mod tests {
     }
 
     /// Stores `block` under `hash` and releases it at once.
-    fn store_free(p: &mut AdaptiveReplacement, block: BlockId, hash: u128) {
+    fn store_free(p: &mut OnceReused, block: BlockId, hash: u128) {
         p.on_store(block, h(hash), Retention::Keep);
         p.insert(block);
     }
 
     #[test]
     fn blocks_seen_once_go_before_reused_ones() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         for b in 0..3 {
             p.on_store(b, h(b as u128), Retention::Keep);
         }
@@ -321,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_revived_block_is_reused_and_outlives_newer_one_offs() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         p.remove(0); // a request hits block 0 ...
@@ -335,7 +336,7 @@ mod tests {
 
     #[test]
     fn a_seen_once_block_coming_back_grows_the_target() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         assert_eq!(p.evict(), Some(0)); // hash 10 goes to the once ghosts
@@ -350,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_coming_back_shrinks_the_target() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         assert_eq!(p.evict(), Some(0));
         store_free(&mut p, 0, 10); // once ghost hit: target 1, block 0 reused
@@ -363,7 +364,7 @@ mod tests {
 
     #[test]
     fn a_dropped_block_is_forgotten_without_a_ghost() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         store_free(&mut p, 0, 10);
         p.on_store(1, h(11), Retention::Keep); // in use
         p.remove(0);
@@ -386,7 +387,7 @@ mod tests {
 
     #[test]
     fn residency_evicts_probation_first_and_keeps_resident_requests_blocks() {
-        let mut p = AdaptiveReplacement::new(8, Rule::Residency);
+        let mut p = OnceReused::new(8, Rule::Residency);
         // A request that found 3 of its 4 blocks cached is a resident's: keep.
         let kept = p.on_request(&hashes(4), 3);
         assert_eq!(kept, Retention::Keep);
@@ -409,7 +410,7 @@ mod tests {
 
     #[test]
     fn residency_admits_one_cold_request_in_32() {
-        let mut p = AdaptiveReplacement::new(8, Rule::Residency);
+        let mut p = OnceReused::new(8, Rule::Residency);
         let kept: Vec<usize> = (1..=96)
             .filter(|_| p.on_request(&hashes(10), 2) == Retention::Keep)
             .collect();
@@ -421,7 +422,7 @@ mod tests {
 
     #[test]
     fn residency_ignores_ghost_returns_but_promotes_hits() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Residency);
+        let mut p = OnceReused::new(4, Rule::Residency);
         p.on_store(0, h(10), Retention::Probation);
         p.insert(0);
         assert_eq!(p.evict(), Some(0)); // hash 10 enters the once ghosts
@@ -436,7 +437,7 @@ mod tests {
 
     #[test]
     fn arc_ignores_retention() {
-        let mut p = AdaptiveReplacement::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc);
         p.on_store(0, h(10), Retention::Keep);
         p.on_store(1, h(11), Retention::Probation);
         assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
@@ -456,7 +457,7 @@ mod tests {
         ) {
             const N: usize = 6;
             let rule = if residency { Rule::Residency } else { Rule::Arc };
-            let mut p = AdaptiveReplacement::new(N, rule);
+            let mut p = OnceReused::new(N, rule);
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
             for (what, hash, pick) in ops {

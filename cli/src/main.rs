@@ -14,7 +14,9 @@ use clap::{Parser, Subcommand};
 mod args;
 mod plan;
 mod plot;
+mod progress;
 mod simulate;
+mod simulate_args;
 mod sweep;
 
 /// Paged KV cache for Multi-head Latent Attention (DeepSeek-V2/V3/R1, Kimi-K2).
@@ -28,7 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay a serving workload through the block manager.
-    Simulate(simulate::SimulateArgs),
+    Simulate(simulate_args::SimulateArgs),
     /// Size the cache of a deployment: tokens and sequences per GPU.
     Plan(plan::PlanArgs),
 }

@@ -8,7 +8,7 @@
 // (IEEE division, multiplication by a power of two, fmaxf).
 //
 // Byte layouts of one token (R = kv_lora_rank, P = rope_dim; 512 and 64 for
-// the DeepSeek family):
+// the DeepSeek family), specified exactly in docs/formats.md:
 //   bf16        [0, 2R) R bf16 NoPE | [2R, 2R+2P) P bf16 RoPE
 //   fp8_ds_mla  [0, R) e4m3fn codes | R/128 fp32 scales | P bf16 RoPE
 //   mxfp6       [0, 3R/4) E2M3 codes, 6-bit little-endian bit stream |
@@ -19,8 +19,13 @@
 //
 // Launch shape of write and gather: blockDim.x = 32 * WARPS_PER_BLOCK, one
 // warp per token, gridDim.x = ceil(num_tokens / WARPS_PER_BLOCK).
+//
+// WARPS_PER_BLOCK and COPY_PAIRS_PER_LAUNCH are defined by the Rust side
+// (kernel_defines in kernels.rs) and passed to the compiler as -D options.
 
-#define WARPS_PER_BLOCK 4
+#if !defined(WARPS_PER_BLOCK) || !defined(COPY_PAIRS_PER_LAUNCH)
+#error "compile with -DWARPS_PER_BLOCK=... -DCOPY_PAIRS_PER_LAUNCH=... (see kernel_defines)"
+#endif
 #define FULL_MASK 0xffffffffu
 
 typedef unsigned char u8;
@@ -439,8 +444,6 @@ GATHER_KERNEL(mla_gather_mxfp6_to_f32, gather_mxfp6, OutF32)
 // Layers lie layer_stride bytes apart. Pairs naming a block >= num_blocks are
 // ignored. With vec16 (block_bytes a multiple of 16, base 16-byte aligned)
 // the copy moves 16-byte words.
-
-#define COPY_PAIRS_PER_LAUNCH 480
 
 struct CopyPairs {
     u32 n;

@@ -1,0 +1,326 @@
+//! [`CudaStore`]: the latents of every layer in one device allocation,
+//! written, gathered and copied by the kernels on the caller's stream.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::driver::{result as cu, sys};
+
+use super::kernels::{check_device, device_kernels, driver_error, DeviceKernels};
+use super::launch::{
+    copy_blocks_launches, gather_launch, kernel_codec, write_launch, KernelLaunch,
+};
+use super::{guard, RawStream};
+use crate::codec::Codec;
+use crate::config::CacheConfig;
+use crate::error::{Error, Result};
+use crate::store::{
+    check_block_io, check_layer, layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream,
+    VectorDesc,
+};
+use crate::BlockId;
+
+/// Latent storage for all layers in the memory of one CUDA device.
+///
+/// One device allocation holds every layer (`[num_blocks][block_size]
+/// [bytes_per_token]` bytes each, 256-byte aligned). Operations take the
+/// caller's stream and return once the work is enqueued; the caller orders
+/// them (by stream) and synchronizes when it needs results. The store is
+/// zeroed at construction.
+///
+/// What the device cannot check without synchronizing is defined instead of
+/// checked: slots `>= num_blocks * block_size` are skipped like negative ones,
+/// and block ids `>= num_blocks` in a gather's table give rows of zeros (the
+/// host store rejects both).
+pub struct CudaStore {
+    config: CacheConfig,
+    codec: Codec,
+    ordinal: usize,
+    kernels: Arc<DeviceKernels>,
+    base: sys::CUdeviceptr,
+    layer_stride: usize,
+}
+
+impl std::fmt::Debug for CudaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaStore")
+            .field("config", &self.config)
+            .field("device", &self.ordinal)
+            .field("arch", &self.kernels.arch)
+            .field("bytes", &(self.layer_stride * self.config.num_layers))
+            .finish()
+    }
+}
+
+impl CudaStore {
+    /// A zeroed store for `config` on CUDA device `ordinal`. Compiles the
+    /// kernels for the device on its first store. Fails with
+    /// [`Error::Storage`] when there is no driver, no such device, no libnvrtc
+    /// or not enough device memory; with [`Error::InvalidConfig`] when the
+    /// configuration is invalid or `bytes_per_token` is not a multiple of 4
+    /// (the kernels store 32-bit words).
+    pub fn new(config: &CacheConfig, ordinal: usize) -> Result<Self> {
+        config.validate()?;
+        let codec = kernel_codec(config)?;
+        let bpt = codec.bytes_per_token();
+        let too_big = || Error::InvalidConfig("the store does not fit in the address space".into());
+        let layer_bytes = config.num_tokens().checked_mul(bpt).ok_or_else(too_big)?;
+        let layer_stride = layer_bytes
+            .checked_next_multiple_of(256)
+            .ok_or_else(too_big)?;
+        let total = layer_stride
+            .checked_mul(config.num_layers)
+            .ok_or_else(too_big)?;
+        guard("CUDA", || {
+            check_device(ordinal)?;
+            let kernels = device_kernels(ordinal)?;
+            kernels
+                .ctx
+                .bind_to_thread()
+                .map_err(|e| driver_error("cuCtxSetCurrent", e))?;
+            // SAFETY: plain allocation in the current context, zeroed before use.
+            let base = unsafe { cu::malloc_sync(total) }.map_err(|e| {
+                driver_error(&format!("allocating {total} bytes of device memory"), e)
+            })?;
+            // SAFETY: `base` holds `total` bytes. The memset is asynchronous
+            // to the host: wait for it, since callers' streams need not order
+            // after the legacy default stream.
+            let zeroed =
+                unsafe { cu::memset_d8_sync(base, 0, total) }.and_then(|()| cu::ctx::synchronize());
+            if let Err(e) = zeroed {
+                // SAFETY: allocated above, never used.
+                let _ = unsafe { cu::free_sync(base) };
+                return Err(driver_error("zeroing the store", e));
+            }
+            Ok(Self {
+                config: config.clone(),
+                codec,
+                ordinal,
+                kernels,
+                base,
+                layer_stride,
+            })
+        })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The target the kernels were compiled for (`sm_90a`, ...).
+    pub fn arch(&self) -> &str {
+        &self.kernels.arch
+    }
+
+    /// Device address of layer `layer`'s first byte (see also
+    /// [`LatentStore::layer_view`]).
+    pub fn layer_ptr(&self, layer: usize) -> Result<sys::CUdeviceptr> {
+        check_layer(&self.config, layer)?;
+        Ok(self.layer_base(layer))
+    }
+
+    /// Bytes of one block in all layers (`num_layers x block_size x bytes_per_token`).
+    pub fn block_bytes(&self) -> usize {
+        self.config.num_layers * self.config.block_size * self.codec.bytes_per_token()
+    }
+
+    /// Copies block `block` of every layer, in stored format, into `out`
+    /// (`block_bytes()` bytes, layer after layer, as the host store lays
+    /// them out): device-to-host copies enqueued on `stream`, after the
+    /// work the caller enqueued there, then waited for.
+    pub fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()> {
+        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
+        let offset = (block as usize * per_layer) as u64;
+        guard("CUDA read_block", || {
+            self.bind()?;
+            let copies = out
+                .chunks_exact_mut(per_layer)
+                .enumerate()
+                .map(|(layer, chunk)| {
+                    // SAFETY: the source is inside layer `layer` (block checked); the
+                    // destination outlives the copy, which `finish` waits for.
+                    unsafe {
+                        cu::memcpy_dtoh_async(
+                            chunk,
+                            self.layer_base(layer) + offset,
+                            stream.0 as RawStream,
+                        )
+                    }
+                    .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
+                });
+            finish(copies, stream)
+        })
+    }
+
+    /// Overwrites block `block` of every layer with `data` (as
+    /// [`CudaStore::read_block`] gives them): host-to-device copies
+    /// enqueued on `stream`, then waited for, so `data` may go once this
+    /// returns and the caller's later work on `stream` sees the block.
+    pub fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()> {
+        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
+        let offset = (block as usize * per_layer) as u64;
+        guard("CUDA write_block", || {
+            self.bind()?;
+            let copies = data
+                .chunks_exact(per_layer)
+                .enumerate()
+                .map(|(layer, chunk)| {
+                    // SAFETY: the destination is inside layer `layer` (block
+                    // checked); the source outlives the copy (`finish` waits).
+                    unsafe {
+                        cu::memcpy_htod_async(
+                            self.layer_base(layer) + offset,
+                            chunk,
+                            stream.0 as RawStream,
+                        )
+                    }
+                    .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
+                });
+            finish(copies, stream)
+        })
+    }
+
+    /// Device address of layer `layer` (in range).
+    fn layer_base(&self, layer: usize) -> sys::CUdeviceptr {
+        self.base + (layer * self.layer_stride) as u64
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.kernels
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+
+    /// Enqueues `launch` on `stream`.
+    ///
+    /// # Safety
+    /// Every address in the launch must be valid for the kernel's accesses
+    /// until the stream reaches it.
+    unsafe fn enqueue(&self, mut launch: KernelLaunch, stream: Stream) -> Result<()> {
+        let f = self.kernels.function(launch.kernel())?;
+        let name = launch.name();
+        let (grid, block, shared) = (launch.grid, launch.block, launch.shared_bytes);
+        let mut params = launch.params();
+        // SAFETY: the parameters match the kernel (built by the launch
+        // planners); addresses are forwarded to the caller.
+        unsafe {
+            cu::launch_kernel(
+                f,
+                grid,
+                (block, 1, 1),
+                shared,
+                stream.0 as RawStream,
+                &mut params,
+            )
+        }
+        .map_err(|e| driver_error(&format!("launching {name}"), e))
+    }
+}
+
+/// Enqueues `copies` until one fails, then waits for `stream`, whatever
+/// happened: no copy may outlive the host buffer it reads or writes.
+fn finish(copies: impl Iterator<Item = Result<()>>, stream: Stream) -> Result<()> {
+    let mut enqueued = Ok(());
+    for copy in copies {
+        if let Err(e) = copy {
+            enqueued = Err(e);
+            break;
+        }
+    }
+    // SAFETY: the caller's stream of this store's context (API contract).
+    let waited = unsafe { cu::stream::synchronize(stream.0 as RawStream) }
+        .map_err(|e| driver_error("cuStreamSynchronize", e));
+    enqueued.and(waited)
+}
+
+impl Drop for CudaStore {
+    fn drop(&mut self) {
+        let base = self.base;
+        let ctx = &self.kernels.ctx;
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by `new`, freed once; cuMemFree waits for
+                // work that still uses it.
+                let _ = unsafe { cu::free_sync(base) };
+            }
+        }));
+    }
+}
+
+impl LatentStore for CudaStore {
+    fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    fn codec(&self) -> &Codec {
+        &self.codec
+    }
+
+    fn device(&self) -> Device {
+        Device::Cuda(self.ordinal)
+    }
+
+    unsafe fn write_raw(
+        &self,
+        layer: usize,
+        c_kv: MatrixDesc,
+        k_pe: MatrixDesc,
+        slot_mapping: VectorDesc<i64>,
+        stream: Stream,
+    ) -> Result<()> {
+        let layer_addr = self.layer_ptr(layer)?;
+        let Some(launch) = write_launch(&self.config, layer_addr, &c_kv, &k_pe, &slot_mapping)?
+        else {
+            return Ok(());
+        };
+        guard("CUDA write", || {
+            self.bind()?;
+            // SAFETY: the caller vouches for the descriptors (trait
+            // contract); the layer is ours.
+            unsafe { self.enqueue(launch, stream) }
+        })
+    }
+
+    unsafe fn gather_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        stream: Stream,
+    ) -> Result<()> {
+        let layer_addr = self.layer_ptr(layer)?;
+        let Some(launch) = gather_launch(&self.config, layer_addr, &block_table, &out)? else {
+            return Ok(());
+        };
+        guard("CUDA gather", || {
+            self.bind()?;
+            // SAFETY: the caller vouches for the descriptors (trait
+            // contract); the layer is ours.
+            unsafe { self.enqueue(launch, stream) }
+        })
+    }
+
+    fn copy_blocks(&self, pairs: &[(BlockId, BlockId)], stream: Stream) -> Result<()> {
+        let launches = copy_blocks_launches(&self.config, self.base, self.layer_stride, pairs)?;
+        guard("CUDA copy_blocks", || {
+            self.bind()?;
+            for launch in launches {
+                // SAFETY: block ids were checked; the memory is ours.
+                unsafe { self.enqueue(launch, stream) }?;
+            }
+            Ok(())
+        })
+    }
+
+    fn layer_view(&self, layer: usize) -> Result<LayerView> {
+        let addr = self.layer_ptr(layer)? as usize;
+        Ok(layer_view_at(
+            &self.config,
+            &self.codec,
+            self.device(),
+            addr,
+        ))
+    }
+}
