@@ -4,7 +4,7 @@ use std::ffi::{c_char, CString};
 use std::time::Duration;
 
 use super::manager::{MlaManager, MANAGERS};
-use super::{guard, opt_text, Failure, MlaStatus, Out, Registry};
+use super::{guard, opt_text, Failure, MlaPublisherStats, MlaStatus, Out, Registry};
 use crate::publish::{EventPublisher, PublisherConfig};
 
 /// Settings of `mla_publisher_create`; zero-initialize for vLLM's defaults
@@ -33,22 +33,6 @@ pub struct MlaPublisherOptions {
     pub max_batch_delay_us: u64,
     /// `medium` of the events (default `GPU`).
     pub medium: *const c_char,
-}
-
-/// Counters of a publisher.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(C)]
-pub struct MlaPublisherStats {
-    /// Events accepted by `mla_publisher_publish`.
-    pub events_accepted: u64,
-    /// Events dropped because the queue was full (or the publisher stopped).
-    pub events_dropped: u64,
-    /// Events sent on the PUB socket.
-    pub events_published: u64,
-    /// Batches sent; the next batch's sequence number.
-    pub batches_published: u64,
-    /// Replay requests answered.
-    pub replays_served: u64,
 }
 
 /// A KV event publisher (opaque).
@@ -188,14 +172,7 @@ pub unsafe extern "C" fn mla_publisher_stats(
 ) -> MlaStatus {
     guard("mla_publisher_stats", || {
         let out = Out::new(out, "out")?;
-        let s = PUBLISHERS.with(publisher, |p| Ok(p.inner.stats()))?;
-        let stats = MlaPublisherStats {
-            events_accepted: s.events_accepted,
-            events_dropped: s.events_dropped,
-            events_published: s.events_published,
-            batches_published: s.batches_published,
-            replays_served: s.replays_served,
-        };
+        let stats = PUBLISHERS.with(publisher, |p| Ok(p.inner.stats().into()))?;
         // SAFETY: per the contract.
         unsafe { out.set(stats) };
         Ok(())

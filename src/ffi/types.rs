@@ -10,6 +10,7 @@
 
 use super::{Failure, FfiResult, MlaBlockId, MlaStatus};
 use crate::codec::ElemType;
+use crate::publish::PublisherStats;
 use crate::tier::remote::RemoteStats;
 use crate::tier::{HostTierStats, TierHits, TierStats};
 use crate::{BlockCopy, CacheStats, Dtype, EvictionPolicyKind};
@@ -364,6 +365,30 @@ impl From<TierStats> for MlaTierStats {
         }
     }
 }
+
+/// Counters of a publisher.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+pub struct MlaPublisherStats {
+    /// Events accepted by `mla_publisher_publish`.
+    pub events_accepted: u64,
+    /// Events dropped because the queue was full (or the publisher stopped).
+    pub events_dropped: u64,
+    /// Events sent on the PUB socket.
+    pub events_published: u64,
+    /// Batches sent; the next batch's sequence number.
+    pub batches_published: u64,
+    /// Replay requests answered.
+    pub replays_served: u64,
+}
+
+mirror_struct!(PublisherStats => MlaPublisherStats {
+    events_accepted,
+    events_dropped,
+    events_published,
+    batches_published,
+    replays_served,
+});
 
 #[cfg(test)]
 mod tests {
