@@ -248,6 +248,11 @@ typedef struct MlaEventList MlaEventList;
 typedef struct MlaManager MlaManager;
 
 /**
+ * A KV event publisher (opaque).
+ */
+typedef struct MlaPublisher MlaPublisher;
+
+/**
  * A latent store (opaque): the cached latents of every layer, laid out per
  * layer as `[num_blocks][block_size][bytes_per_token]`. Thread-safe;
  * operations on one layer are ordered by the store.
@@ -602,7 +607,86 @@ typedef struct MlaCacheStats {
      * never hashed and are reused first.
      */
     uint64_t evictable_blocks;
+    /**
+     * Events dropped because `max_pending_events` were waiting for
+     * `mla_manager_take_events`.
+     */
+    uint64_t events_dropped;
 } MlaCacheStats;
+
+/**
+ * Settings of `mla_publisher_create`; zero-initialize for vLLM's defaults
+ * (every zero or NULL field takes its default).
+ */
+typedef struct MlaPublisherOptions {
+    /**
+     * PUB endpoint (default: port 5557 on every interface); bound when it has a wildcard
+     * host, `::`, or is `ipc://`/`inproc://`, connected to otherwise.
+     */
+    const char *endpoint;
+    /**
+     * Replay (ROUTER) endpoint, always bound; NULL for none.
+     */
+    const char *replay_endpoint;
+    /**
+     * Batches kept for replay (default 10000).
+     */
+    size_t buffer_steps;
+    /**
+     * Send high-water mark of the PUB socket, in messages (default 100000).
+     */
+    int32_t hwm;
+    /**
+     * Most events queued; more are dropped and counted (default 100000).
+     */
+    size_t max_queue_size;
+    /**
+     * Topic frame of every message (default empty).
+     */
+    const char *topic;
+    /**
+     * Data-parallel rank: in every batch, and offsets the TCP ports.
+     */
+    uint32_t data_parallel_rank;
+    /**
+     * A batch is sent once it holds this many events (default 1024) ...
+     */
+    size_t max_batch_events;
+    /**
+     * ... or once its first event waited this many microseconds (default 5000).
+     */
+    uint64_t max_batch_delay_us;
+    /**
+     * `medium` of the events (default `GPU`).
+     */
+    const char *medium;
+} MlaPublisherOptions;
+
+/**
+ * Counters of a publisher.
+ */
+typedef struct MlaPublisherStats {
+    /**
+     * Events accepted by `mla_publisher_publish`.
+     */
+    uint64_t events_accepted;
+    /**
+     * Events dropped because the queue was full (or the publisher stopped).
+     */
+    uint64_t events_dropped;
+    /**
+     * Events sent on the PUB socket.
+     */
+    uint64_t events_published;
+    /**
+     * Batches sent; the next batch's sequence number.
+     */
+    uint64_t batches_published;
+    /**
+     * Replay requests answered.
+     */
+    uint64_t replays_served;
+} MlaPublisherStats;
 
 /**
  * A 2-D tensor in the store's memory space (host memory for a host store,
@@ -1492,6 +1576,79 @@ enum MlaStatus mla_manager_evict(struct MlaManager *manager,
  * Thread safety: thread-safe.
  */
 enum MlaStatus mla_manager_check_invariants(const struct MlaManager *manager);
+
+/**
+ * Opens the publisher's sockets and starts its thread; a bad setting or an
+ * endpoint that cannot be bound fails with `MLA_STATUS_INVALID_CONFIG`.
+ *
+ * # Safety
+ * `options` must be readable (its non-null strings NUL-terminated); `out`
+ * must be valid for a write and receives the new handle.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_create(const struct MlaPublisherOptions *options,
+                                    struct MlaPublisher **out);
+
+/**
+ * Takes the manager's recorded events and queues them for publishing,
+ * never blocking; writes how many were accepted (all, or 0 when the queue
+ * is full: they are dropped and counted). `accepted` may be NULL.
+ *
+ * # Safety
+ * A non-null `accepted` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_publish(const struct MlaPublisher *publisher,
+                                     const struct MlaManager *manager,
+                                     size_t *accepted);
+
+/**
+ * Sends the queued events now and waits at most `timeout_ms` for them to
+ * go out; `sent` (may be NULL) tells whether they did.
+ *
+ * # Safety
+ * A non-null `sent` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_flush(const struct MlaPublisher *publisher,
+                                   uint64_t timeout_ms,
+                                   bool *sent);
+
+/**
+ * Reads the publisher's counters.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_stats(const struct MlaPublisher *publisher,
+                                   struct MlaPublisherStats *out);
+
+/**
+ * Writes the PUB endpoint in use (with the port the OS chose for port 0);
+ * the string lives as long as the publisher.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_endpoint(const struct MlaPublisher *publisher, const char **out);
+
+/**
+ * Sends what is queued, closes the sockets, stops the thread and destroys
+ * the publisher.
+ *
+ * # Safety
+ * `publisher` must not be used after this call.
+ *
+ * Thread safety: waits for calls in flight on this handle.
+ */
+enum MlaStatus mla_publisher_destroy(struct MlaPublisher *publisher);
 
 /**
  * Message of the last failing call on the calling thread ("" if none).

@@ -304,6 +304,10 @@ pub struct CacheConfig {
     pub pin_budget_blocks: Option<usize>,
     /// Record [`crate::CacheEvent`]s for `take_events`.
     pub enable_events: bool,
+    /// Most events kept until `take_events` drains them; past it new events
+    /// are dropped and counted in [`crate::CacheStats::events_dropped`], so an
+    /// undrained queue cannot grow without bound.
+    pub max_pending_events: usize,
     /// Cap a prefix hit at `len - 1` tokens on admission, so the last prompt
     /// token is recomputed to produce logits (vLLM's rule).
     pub cap_hit_at_last_token: bool,
@@ -312,6 +316,8 @@ pub struct CacheConfig {
 impl CacheConfig {
     /// Default block size (FlashMLA's).
     pub const DEFAULT_BLOCK_SIZE: usize = 64;
+    /// Default of [`CacheConfig::max_pending_events`] (vLLM's event queue size).
+    pub const DEFAULT_MAX_PENDING_EVENTS: usize = 100_000;
 
     /// A DeepSeek-geometry config (512 + 64, 1 layer, bf16) with `num_blocks`
     /// blocks of 64 tokens.
@@ -329,6 +335,7 @@ impl CacheConfig {
             verify_tokens: false,
             pin_budget_blocks: None,
             enable_events: false,
+            max_pending_events: Self::DEFAULT_MAX_PENDING_EVENTS,
             cap_hit_at_last_token: true,
         }
     }
@@ -375,6 +382,9 @@ impl CacheConfig {
         }
         if self.num_layers == 0 {
             return invalid("num_layers must be positive".into());
+        }
+        if self.max_pending_events == 0 {
+            return invalid("max_pending_events must be positive".into());
         }
         self.dtype
             .bytes_per_token(self.kv_lora_rank, self.rope_dim)?;

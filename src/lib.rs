@@ -57,6 +57,7 @@ mod index;
 mod manager;
 mod policy;
 mod prefix_cache;
+pub mod publish;
 #[cfg(feature = "python")]
 mod python;
 pub mod sim;

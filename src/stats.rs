@@ -34,6 +34,8 @@ pub struct CacheStats {
     /// (SGLang's `evictable_size`, in blocks). The other free blocks were
     /// never hashed and are reused first.
     pub evictable_blocks: u64,
+    /// Events dropped because `max_pending_events` were waiting for `take_events`.
+    pub events_dropped: u64,
 }
 
 impl CacheStats {

@@ -17,7 +17,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`TieredCache`: a manager and its store with a host-memory tier
   and a remote Valkey/Redis tier below (``docs/tiers.md``).
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
-  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's.
+  :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's, and
+  :class:`EventPublisher`, which sends them over ZeroMQ in vLLM's wire format.
 - Engine adapters: :mod:`mla_cache.vllm` (vLLM v1's ``KVCacheManager``) and
   :mod:`mla_cache.sglang` (a radix-cache backend SGLang 0.5.23 selects with
   ``--radix-cache-backend mla_cache``; it imports SGLang), imported on their own.
@@ -57,6 +58,7 @@ from ._native import (
     BlockStored,
     CacheConfig,
     CacheEvent,
+    EventPublisher,
     ExtraKeys,
     Insertion,
     LatentStore,
@@ -81,6 +83,7 @@ __all__ = [
     "BlockStored",
     "CacheConfig",
     "CacheEvent",
+    "EventPublisher",
     "ExtraKeys",
     "Insertion",
     "LatentStore",

@@ -64,6 +64,7 @@ class CacheConfig:
         pin_budget_blocks: Optional[int] = None,
         enable_events: bool = False,
         cap_hit_at_last_token: bool = True,
+        max_pending_events: int = 100000,
     ) -> "CacheConfig": ...
     @classmethod
     def preset(
@@ -115,6 +116,9 @@ class CacheConfig:
     @property
     def enable_events(self) -> bool:
         """Whether events are recorded for ``take_events``."""
+    @property
+    def max_pending_events(self) -> int:
+        """Most events waiting for ``take_events`` before new ones are dropped."""
     @property
     def cap_hit_at_last_token(self) -> bool:
         """Whether an admission's hit is capped at ``len - 1`` tokens."""
@@ -254,6 +258,46 @@ class BlockRemoved(CacheEvent):
 @final
 class AllBlocksCleared(CacheEvent):
     """The whole prefix cache was reset."""
+
+@final
+class EventPublisher:
+    """Publishes KV events over ZeroMQ in vLLM's wire format (multipart
+    ``[topic, 8-byte big-endian seq, msgpack KVEventBatch]``), with vLLM's
+    replay socket; the arguments are vLLM's ``KVEventsConfig`` fields plus
+    batching. ``publish`` never blocks: a full queue drops and counts."""
+
+    def __new__(
+        cls,
+        endpoint: str = "tcp://*:5557",
+        replay_endpoint: Optional[str] = None,
+        buffer_steps: int = 10000,
+        hwm: int = 100000,
+        max_queue_size: int = 100000,
+        topic: str = "",
+        data_parallel_rank: int = 0,
+        max_batch_events: int = 1024,
+        max_batch_delay_s: float = 0.005,
+        medium: str = "GPU",
+    ) -> "EventPublisher": ...
+    @property
+    def endpoint(self) -> str:
+        """The PUB endpoint in use (with the port the OS chose for port 0)."""
+    @property
+    def replay_endpoint(self) -> Optional[str]:
+        """The replay (ROUTER) endpoint in use, or ``None``."""
+    def publish(self, events: Sequence[CacheEvent], medium: Optional[str] = None) -> int:
+        """Queues the events of ``take_events`` (oldest first) with ``medium``
+        (default: the publisher's); returns how many were accepted: all, or
+        none when the queue is full (they are counted as dropped)."""
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Sends the queued events now; waits at most ``timeout_s`` seconds for
+        them to go out and returns whether they did."""
+    def stats(self) -> dict[str, int]:
+        """Counters: ``events_accepted``, ``events_dropped``,
+        ``events_published``, ``batches_published``, ``replays_served``."""
+    def shutdown(self) -> None:
+        """Sends what is queued, closes the sockets and stops the publishing
+        thread; later ``publish`` calls drop their events."""
 
 @final
 class BlockManager:

@@ -20,6 +20,7 @@ def test_defaults_and_every_field_as_keyword():
         "pin_budget_blocks": None,
         "enable_events": False,
         "cap_hit_at_last_token": True,
+        "max_pending_events": 100_000,
     }
     fields = dict(
         num_blocks=8,
@@ -35,6 +36,7 @@ def test_defaults_and_every_field_as_keyword():
         pin_budget_blocks=2,
         enable_events=True,
         cap_hit_at_last_token=False,
+        max_pending_events=7,
     )
     c = CacheConfig(**fields)
     assert c.to_dict() == fields

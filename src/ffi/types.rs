@@ -10,6 +10,7 @@
 
 use super::{Failure, FfiResult, MlaBlockId, MlaStatus};
 use crate::codec::ElemType;
+use crate::publish::PublisherStats;
 use crate::tier::remote::RemoteStats;
 use crate::tier::{HostTierStats, TierHits, TierStats};
 use crate::{BlockCopy, CacheStats, Dtype, EvictionPolicyKind};
@@ -203,6 +204,9 @@ pub struct MlaCacheStats {
     /// (SGLang's `evictable_size`, in blocks). The other free blocks were
     /// never hashed and are reused first.
     pub evictable_blocks: u64,
+    /// Events dropped because `max_pending_events` were waiting for
+    /// `mla_manager_take_events`.
+    pub events_dropped: u64,
 }
 
 mirror_struct!(CacheStats => MlaCacheStats {
@@ -220,6 +224,7 @@ mirror_struct!(CacheStats => MlaCacheStats {
     cow_copies,
     blocks_stored,
     evictable_blocks,
+    events_dropped,
 });
 
 /// Prompt tokens served by each tier: a leading run from the device tier,
@@ -360,6 +365,30 @@ impl From<TierStats> for MlaTierStats {
         }
     }
 }
+
+/// Counters of a publisher.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+pub struct MlaPublisherStats {
+    /// Events accepted by `mla_publisher_publish`.
+    pub events_accepted: u64,
+    /// Events dropped because the queue was full (or the publisher stopped).
+    pub events_dropped: u64,
+    /// Events sent on the PUB socket.
+    pub events_published: u64,
+    /// Batches sent; the next batch's sequence number.
+    pub batches_published: u64,
+    /// Replay requests answered.
+    pub replays_served: u64,
+}
+
+mirror_struct!(PublisherStats => MlaPublisherStats {
+    events_accepted,
+    events_dropped,
+    events_published,
+    batches_published,
+    replays_served,
+});
 
 #[cfg(test)]
 mod tests {

@@ -44,6 +44,7 @@ pub(crate) struct Settings {
     pub(crate) enabled: bool,
     pub(crate) verify_tokens: bool,
     pub(crate) events: bool,
+    pub(crate) max_events: usize,
     pub(crate) pin_budget: usize,
 }
 
@@ -84,6 +85,7 @@ impl Prefixes {
                 enabled: config.enable_prefix_caching,
                 verify_tokens: config.verify_tokens,
                 events: config.enable_events,
+                max_events: config.max_pending_events,
                 pin_budget: config.pin_budget(),
             },
         }
@@ -181,21 +183,37 @@ impl Prefixes {
             return;
         }
         let bs = self.settings.block_size;
-        st.events.push(CacheEvent::BlockStored {
-            block_hashes: hashes[run.clone()].iter().map(|h| h.external()).collect(),
-            parent_block_hash: run.start.checked_sub(1).map(|p| hashes[p].external()),
-            token_ids: tokens[run.start * bs..run.end * bs].to_vec(),
-            block_size: bs,
-            adapter: adapter.cloned(),
-        });
+        self.record(
+            st,
+            CacheEvent::BlockStored {
+                block_hashes: hashes[run.clone()].iter().map(|h| h.external()).collect(),
+                parent_block_hash: run.start.checked_sub(1).map(|p| hashes[p].external()),
+                token_ids: tokens[run.start * bs..run.end * bs].to_vec(),
+                block_size: bs,
+                adapter: adapter.cloned(),
+            },
+        );
+    }
+
+    /// Queues `event` for `take_events`, or counts it dropped when
+    /// `max_pending_events` are already waiting.
+    fn record(&self, st: &mut CacheState, event: CacheEvent) {
+        if st.events.len() < self.settings.max_events {
+            st.events.push(event);
+        } else {
+            st.stats.events_dropped += 1;
+        }
     }
 
     /// A `BlockRemoved` event for `hash`, when events are on.
     fn announce_removed(&self, st: &mut CacheState, hash: BlockHash) {
         if self.settings.events {
-            st.events.push(CacheEvent::BlockRemoved {
-                block_hashes: vec![hash.external()],
-            });
+            self.record(
+                st,
+                CacheEvent::BlockRemoved {
+                    block_hashes: vec![hash.external()],
+                },
+            );
         }
     }
 
@@ -263,7 +281,7 @@ impl Prefixes {
             dropped.push(b);
         }
         if self.settings.events {
-            st.events.push(CacheEvent::AllBlocksCleared);
+            self.record(st, CacheEvent::AllBlocksCleared);
         }
         Ok(dropped)
     }

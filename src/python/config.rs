@@ -24,6 +24,8 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``verify_tokens``: compare token ids on every hit (no collision risk);
 /// - ``pin_budget_blocks``: most blocks pinned at once (``None``: half);
 /// - ``enable_events``: record events for ``BlockManager.take_events``;
+/// - ``max_pending_events``: most events waiting for ``take_events``; more
+///   are dropped and counted (``stats()["events_dropped"]``);
 /// - ``cap_hit_at_last_token``: cap an admission's hit at ``len - 1`` tokens.
 ///
 /// Raises ``ValueError`` for a configuration that cannot work.
@@ -49,6 +51,7 @@ impl CacheConfig {
         pin_budget_blocks = None,
         enable_events = false,
         cap_hit_at_last_token = true,
+        max_pending_events = 100_000,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -65,6 +68,7 @@ impl CacheConfig {
         #[pyo3(from_py_with = ints::opt_size)] pin_budget_blocks: Option<usize>,
         enable_events: bool,
         cap_hit_at_last_token: bool,
+        #[pyo3(from_py_with = ints::size)] max_pending_events: usize,
     ) -> PyResult<Self> {
         let config = config::CacheConfig {
             num_blocks,
@@ -81,6 +85,7 @@ impl CacheConfig {
             verify_tokens,
             pin_budget_blocks,
             enable_events,
+            max_pending_events,
             cap_hit_at_last_token,
         };
         Self::checked(config)
@@ -145,6 +150,7 @@ impl CacheConfig {
         d.set_item("pin_budget_blocks", c.pin_budget_blocks)?;
         d.set_item("enable_events", c.enable_events)?;
         d.set_item("cap_hit_at_last_token", c.cap_hit_at_last_token)?;
+        d.set_item("max_pending_events", c.max_pending_events)?;
         Ok(d)
     }
 
@@ -218,6 +224,12 @@ impl CacheConfig {
     #[getter]
     fn enable_events(&self) -> bool {
         self.0.enable_events
+    }
+
+    /// Most events waiting for ``take_events`` before new ones are dropped.
+    #[getter]
+    fn max_pending_events(&self) -> usize {
+        self.0.max_pending_events
     }
 
     /// Whether an admission's hit is capped at ``len - 1`` tokens.
@@ -323,6 +335,11 @@ impl CacheConfig {
             "enable_events",
             c.enable_events != d.enable_events,
             py_bool(c.enable_events),
+        );
+        opt(
+            "max_pending_events",
+            c.max_pending_events != d.max_pending_events,
+            c.max_pending_events.to_string(),
         );
         opt(
             "cap_hit_at_last_token",

@@ -14,6 +14,7 @@ mod manager;
 mod outcomes;
 mod prefix_cache;
 mod prefix_calls;
+mod publisher;
 mod request_ids;
 mod requests;
 mod stats;
@@ -46,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
+    m.add_class::<publisher::EventPublisher>()?;
     m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;
     m.add(
         "PinBudgetExceeded",

@@ -22,6 +22,7 @@ pub(crate) fn to_dict<'py>(py: Python<'py>, s: &CacheStats) -> PyResult<Bound<'p
     d.set_item("cow_copies", s.cow_copies)?;
     d.set_item("blocks_stored", s.blocks_stored)?;
     d.set_item("evictable_blocks", s.evictable_blocks)?;
+    d.set_item("events_dropped", s.events_dropped)?;
     d.set_item("usage", s.usage())?;
     d.set_item("hit_rate", s.hit_rate())?;
     Ok(d)
