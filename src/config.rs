@@ -149,6 +149,61 @@ impl FromStr for EvictionPolicyKind {
     }
 }
 
+/// How block hashes are computed.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+)]
+#[strum(serialize_all = "snake_case")]
+#[repr(C)]
+pub enum BlockHashKind {
+    /// Seeded 128-bit xxh3 over the tokens' bytes (the library's own, fastest).
+    #[default]
+    Xxh3 = 0,
+    /// vLLM 0.33's `sha256_cbor`: SHA-256 of the canonical CBOR of
+    /// `(parent, tokens, extra_keys)`, so hashes agree with vLLM's.
+    Sha256Cbor = 1,
+    /// vLLM 0.33's `xxhash_cbor`: the same CBOR, hashed with 128-bit xxh3.
+    XxhashCbor = 2,
+}
+
+impl BlockHashKind {
+    /// Every kind.
+    pub const ALL: [BlockHashKind; <BlockHashKind as strum::EnumCount>::COUNT] = [
+        BlockHashKind::Xxh3,
+        BlockHashKind::Sha256Cbor,
+        BlockHashKind::XxhashCbor,
+    ];
+
+    /// The kind's name as used by the CLI, Python and C surfaces.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl fmt::Display for BlockHashKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for BlockHashKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let name = s.to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                Error::InvalidConfig(format!(
+                    "unknown block hash {s:?} (expected {})",
+                    names.join(", ")
+                ))
+            })
+    }
+}
+
 /// The attention geometry of an MLA model, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelGeometry {
@@ -296,8 +351,14 @@ pub struct CacheConfig {
     pub enable_prefix_caching: bool,
     /// Order in which cached free blocks are evicted.
     pub eviction: EvictionPolicyKind,
-    /// Seed of the block hash chain; `None` draws a random one.
+    /// Seed of the block hash chain; `None` draws a random one. With an
+    /// engine-compatible [`CacheConfig::block_hash`] it plays vLLM's
+    /// `PYTHONHASHSEED`: `NONE_HASH` is the hash of its decimal string, and
+    /// `None` means vLLM's default (`"vllm-none-hash"` for `sha256_cbor`, a
+    /// random seed for `xxhash_cbor`).
     pub hash_seed: Option<u64>,
+    /// How block hashes are computed (default: the library's own xxh3).
+    pub block_hash: BlockHashKind,
     /// Compare token ids on every prefix hit (no collision risk at all).
     pub verify_tokens: bool,
     /// Most blocks that may be pinned at once; `None` means half the cache.
@@ -332,6 +393,7 @@ impl CacheConfig {
             enable_prefix_caching: true,
             eviction: EvictionPolicyKind::Lru,
             hash_seed: None,
+            block_hash: BlockHashKind::Xxh3,
             verify_tokens: false,
             pin_budget_blocks: None,
             enable_events: false,

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
 
+use crate::config::BlockHashKind;
+use crate::engine_hash::{self, EngineDigest};
 use crate::ids::TokenId;
 
 /// The 128-bit hash of a full block and its whole prefix.
@@ -42,8 +44,13 @@ pub struct ExtraKeys {
     pub adapter: Option<String>,
     /// Cache salt for tenant isolation; enters the first block (and so all).
     pub salt: Option<String>,
-    /// Multimodal inputs: each enters every block its placeholder tokens overlap.
+    /// Multimodal inputs: each enters every block its placeholder tokens
+    /// overlap (in offset order, as vLLM assumes).
     pub mm: Vec<MultiModalKey>,
+    /// The adapter's path, part of vLLM's LoRA key (`("lora", name, path)`)
+    /// under an engine-compatible block hash; `""` when unset. The default
+    /// hash ignores it.
+    pub adapter_path: Option<String>,
 }
 
 /// A multimodal input (an image, say) whose placeholder tokens occupy
@@ -90,6 +97,8 @@ pub(crate) struct KeyDigest {
     mm: Vec<(u64, usize, usize)>,
     /// The adapter's name, carried into events.
     pub(crate) adapter_name: Option<Arc<str>>,
+    /// The keys themselves, under an engine-compatible block hash.
+    engine: Option<ExtraKeys>,
 }
 
 const TAG_ADAPTER: u8 = 1;
@@ -102,15 +111,37 @@ pub(crate) struct Hasher {
     seed: u64,
     root: BlockHash,
     block_size: usize,
+    kind: BlockHashKind,
+    /// vLLM's `NONE_HASH`, under an engine-compatible kind.
+    none_hash: EngineDigest,
 }
 
 impl Hasher {
+    /// A hasher of the library's own kind.
+    #[cfg(test)]
     pub(crate) fn new(seed: u64, block_size: usize) -> Self {
+        Self::with_kind(
+            BlockHashKind::Xxh3,
+            seed.to_string().as_str(),
+            seed,
+            block_size,
+        )
+    }
+
+    /// A hasher of `kind`; `engine_seed` is vLLM's `NONE_HASH` seed string.
+    pub(crate) fn with_kind(
+        kind: BlockHashKind,
+        engine_seed: &str,
+        seed: u64,
+        block_size: usize,
+    ) -> Self {
         let root = BlockHash(xxh3_128_with_seed(b"mla_cache root", seed));
         Self {
             seed,
             root,
             block_size,
+            kind,
+            none_hash: engine_hash::none_hash(kind, engine_seed),
         }
     }
 
@@ -125,6 +156,7 @@ impl Hasher {
                 .map(|m| (h(&m.hash), m.offset, m.offset.saturating_add(m.length)))
                 .collect(),
             adapter_name: keys.adapter.as_deref().map(Arc::from),
+            engine: (self.kind != BlockHashKind::Xxh3).then(|| keys.clone()),
         }
     }
 
@@ -172,10 +204,54 @@ impl Hasher {
     ) {
         let full = (tokens.len() / self.block_size).min(limit);
         out.reserve(full.saturating_sub(out.len()));
+        if let Some(engine_keys) = &keys.engine {
+            return self.extend_engine_chain(tokens, engine_keys, full, out, buf);
+        }
         for i in out.len()..full {
             let parent = if i == 0 { self.root } else { out[i - 1] };
             let block = &tokens[i * self.block_size..(i + 1) * self.block_size];
             out.push(self.block(parent, i, block, keys, buf));
+        }
+    }
+}
+
+impl Hasher {
+    /// [`Hasher::extend_chain`] for vLLM's kinds. A 16-byte digest is the
+    /// block hash itself; a SHA-256 parent is recomputed from the chain's
+    /// start, as the manager keeps only 128 bits of it.
+    fn extend_engine_chain(
+        &self,
+        tokens: &[TokenId],
+        keys: &ExtraKeys,
+        full: usize,
+        out: &mut Vec<BlockHash>,
+        buf: &mut Vec<u8>,
+    ) {
+        let b = self.block_size;
+        let mut block = |parent: &EngineDigest, i: usize| {
+            engine_hash::block(
+                self.kind,
+                parent,
+                i * b,
+                &tokens[i * b..(i + 1) * b],
+                keys,
+                buf,
+            )
+        };
+        let mut parent = match (out.last(), self.kind) {
+            (None, _) => self.none_hash,
+            (Some(&last), BlockHashKind::XxhashCbor) => EngineDigest::from_xxh3(last),
+            (Some(_), _) => {
+                let mut d = self.none_hash;
+                for i in 0..out.len() {
+                    d = block(&d, i);
+                }
+                d
+            }
+        };
+        for i in out.len()..full {
+            parent = block(&parent, i);
+            out.push(parent.block_hash());
         }
     }
 }

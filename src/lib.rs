@@ -46,6 +46,7 @@
 
 pub mod codec;
 pub mod config;
+mod engine_hash;
 pub mod error;
 mod events;
 #[cfg(feature = "capi")]
@@ -66,7 +67,7 @@ pub mod store;
 mod sync;
 pub mod tier;
 
-pub use config::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
+pub use config::{BlockHashKind, CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
 pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};

@@ -91,6 +91,7 @@ pub(crate) unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKey
         // SAFETY: per the contract.
         salt: unsafe { opt_text(k.salt, "keys.salt") }?.map(str::to_owned),
         mm,
+        adapter_path: None,
     })
 }
 

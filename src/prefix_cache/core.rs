@@ -11,7 +11,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::config::CacheConfig;
+use crate::config::{BlockHashKind, CacheConfig};
+use crate::engine_hash::DEFAULT_NONE_HASH_SEED;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Hasher, KeyDigest};
@@ -76,8 +77,14 @@ impl Prefixes {
     /// The hasher, an empty index and the settings of `config`.
     pub(crate) fn new(config: &CacheConfig) -> Self {
         let seed = config.hash_seed.unwrap_or_else(random_seed);
+        // vLLM's NONE_HASH seed: PYTHONHASHSEED when given, else its defaults.
+        let engine_seed = match (config.hash_seed, config.block_hash) {
+            (Some(s), _) => s.to_string(),
+            (None, BlockHashKind::Sha256Cbor) => DEFAULT_NONE_HASH_SEED.to_string(),
+            (None, _) => format!("{seed:016x}"),
+        };
         Self {
-            hasher: Hasher::new(seed, config.block_size),
+            hasher: Hasher::with_kind(config.block_hash, &engine_seed, seed, config.block_size),
             index: PrefixIndex::new(),
             settings: Settings {
                 num_blocks: config.num_blocks,

@@ -82,6 +82,7 @@ impl CacheConfig {
                 .parse::<EvictionPolicyKind>()
                 .map_err(errors::to_py)?,
             hash_seed,
+            block_hash: config::BlockHashKind::Xxh3,
             verify_tokens,
             pin_budget_blocks,
             enable_events,

@@ -116,7 +116,12 @@ impl ExtraKeys {
                 .map(|item| MultiModalKey::extract(&item?))
                 .collect::<PyResult<_>>()?,
         };
-        Ok(Self(hash::ExtraKeys { adapter, salt, mm }))
+        Ok(Self(hash::ExtraKeys {
+            adapter,
+            salt,
+            mm,
+            adapter_path: None,
+        }))
     }
 
     /// The adapter name, or ``None``.
