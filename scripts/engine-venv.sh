@@ -16,7 +16,8 @@ test_tools="pytest>=8 pyzmq>=25 msgpack>=1.0 maturin>=1.9.4,<2"
 case "$engine" in
 vllm)
     dir="$root/vllm-0.33.0"
-    want="vllm==0.33.0 $test_tools"
+    # xxhash: vLLM's optional dependency for its xxhash_cbor block hash.
+    want="vllm==0.33.0 xxhash>=3.5 $test_tools"
     nodeps=""
     ;;
 sglang)

@@ -65,6 +65,7 @@ class CacheConfig:
         enable_events: bool = False,
         cap_hit_at_last_token: bool = True,
         max_pending_events: int = 100000,
+        block_hash: str = "xxh3",
     ) -> "CacheConfig": ...
     @classmethod
     def preset(
@@ -107,6 +108,9 @@ class CacheConfig:
     @property
     def hash_seed(self) -> Optional[int]:
         """Seed of the block hash chain (``None``: random per manager)."""
+    @property
+    def block_hash(self) -> str:
+        """How block hashes are computed (``xxh3``, ``sha256_cbor``, ``xxhash_cbor``)."""
     @property
     def verify_tokens(self) -> bool:
         """Whether token ids are compared on every prefix hit."""
@@ -178,7 +182,11 @@ class ExtraKeys:
         adapter: Optional[str] = None,
         salt: Optional[str] = None,
         mm: Optional[Iterable[MultiModalKeyLike]] = None,
+        adapter_path: Optional[str] = None,
     ) -> "ExtraKeys": ...
+    @property
+    def adapter_path(self) -> Optional[str]:
+        """The adapter's path (vLLM's LoRA key), or ``None``."""
     @property
     def adapter(self) -> Optional[str]:
         """The adapter name, or ``None``."""
@@ -358,6 +366,10 @@ class BlockManager:
         """Releases the pin lying deepest on a prefix (exactly the blocks its ``pin`` took); returns the tokens unpinned."""
     def stats(self) -> dict[str, Union[int, float]]:
         """A snapshot of gauges and counters."""
+    def block_hashes(
+        self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
+    ) -> list[int]:
+        """External (64-bit) hashes of the full blocks of ``tokens``, as events carry them."""
     def take_events(self) -> list[CacheEvent]:
         """Events recorded since the last call, oldest first."""
     def reset_prefix_cache(self) -> bool:

@@ -21,6 +21,9 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``eviction``: order in which cached free blocks are reused: ``"lru"``
 ///   (vLLM's), ``"arc"``, ``"residency"`` or ``"adaptive"`` (see the README);
 /// - ``hash_seed``: seed of the block hash chain, random when ``None``;
+///   under an engine ``block_hash`` it plays vLLM's ``PYTHONHASHSEED``;
+/// - ``block_hash``: ``"xxh3"`` (the library's own), or vLLM 0.33's
+///   ``"sha256_cbor"`` / ``"xxhash_cbor"`` (hashes equal to vLLM's);
 /// - ``verify_tokens``: compare token ids on every hit (no collision risk);
 /// - ``pin_budget_blocks``: most blocks pinned at once (``None``: half);
 /// - ``enable_events``: record events for ``BlockManager.take_events``;
@@ -52,6 +55,7 @@ impl CacheConfig {
         enable_events = false,
         cap_hit_at_last_token = true,
         max_pending_events = 100_000,
+        block_hash = "xxh3",
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -69,6 +73,7 @@ impl CacheConfig {
         enable_events: bool,
         cap_hit_at_last_token: bool,
         #[pyo3(from_py_with = ints::size)] max_pending_events: usize,
+        block_hash: &str,
     ) -> PyResult<Self> {
         let config = config::CacheConfig {
             num_blocks,
@@ -82,7 +87,9 @@ impl CacheConfig {
                 .parse::<EvictionPolicyKind>()
                 .map_err(errors::to_py)?,
             hash_seed,
-            block_hash: config::BlockHashKind::Xxh3,
+            block_hash: block_hash
+                .parse::<config::BlockHashKind>()
+                .map_err(errors::to_py)?,
             verify_tokens,
             pin_budget_blocks,
             enable_events,
@@ -147,6 +154,7 @@ impl CacheConfig {
         d.set_item("enable_prefix_caching", c.enable_prefix_caching)?;
         d.set_item("eviction", c.eviction.name())?;
         d.set_item("hash_seed", c.hash_seed)?;
+        d.set_item("block_hash", c.block_hash.name())?;
         d.set_item("verify_tokens", c.verify_tokens)?;
         d.set_item("pin_budget_blocks", c.pin_budget_blocks)?;
         d.set_item("enable_events", c.enable_events)?;
@@ -207,6 +215,12 @@ impl CacheConfig {
     #[getter]
     fn hash_seed(&self) -> Option<u64> {
         self.0.hash_seed
+    }
+
+    /// How block hashes are computed (``"xxh3"``, ``"sha256_cbor"``, ``"xxhash_cbor"``).
+    #[getter]
+    fn block_hash(&self) -> &'static str {
+        self.0.block_hash.name()
     }
 
     /// Whether token ids are compared on every prefix hit.
@@ -321,6 +335,11 @@ impl CacheConfig {
             "hash_seed",
             c.hash_seed != d.hash_seed,
             py_opt(c.hash_seed.map(|v| v.to_string())),
+        );
+        opt(
+            "block_hash",
+            c.block_hash != d.block_hash,
+            format!("'{}'", c.block_hash),
         );
         opt(
             "verify_tokens",

@@ -92,9 +92,12 @@ impl MultiModalKey {
 ///   by chaining, every later one: two salts never share a block.
 /// - ``mm``: multimodal inputs, each a ``MultiModalKey`` or a
 ///   ``(hash, offset, length)`` tuple.
+/// - ``adapter_path``: the adapter's path, part of vLLM's LoRA key under an
+///   engine-compatible ``block_hash`` (ignored by the default hash).
 ///
 /// Wherever a method takes ``extra_keys``, it accepts an ``ExtraKeys``, a
-/// dict with some of the keys ``"adapter"``, ``"salt"`` and ``"mm"``, or
+/// dict with some of the keys ``"adapter"``, ``"salt"``, ``"mm"`` and
+/// ``"adapter_path"``, or
 /// ``None``.
 #[pyclass(frozen, eq, module = "mla_cache")]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +106,12 @@ pub struct ExtraKeys(pub(crate) hash::ExtraKeys);
 #[pymethods]
 impl ExtraKeys {
     #[new]
-    #[pyo3(signature = (*, adapter=None, salt=None, mm=None))]
+    #[pyo3(signature = (*, adapter=None, salt=None, mm=None, adapter_path=None))]
     fn new(
         adapter: Option<String>,
         salt: Option<String>,
         mm: Option<&Bound<'_, PyAny>>,
+        adapter_path: Option<String>,
     ) -> PyResult<Self> {
         let mm = match mm {
             None => Vec::new(),
@@ -120,7 +124,7 @@ impl ExtraKeys {
             adapter,
             salt,
             mm,
-            adapter_path: None,
+            adapter_path,
         }))
     }
 
@@ -128,6 +132,12 @@ impl ExtraKeys {
     #[getter]
     fn adapter(&self) -> Option<&str> {
         self.0.adapter.as_deref()
+    }
+
+    /// The adapter's path, or ``None``.
+    #[getter]
+    fn adapter_path(&self) -> Option<&str> {
+        self.0.adapter_path.as_deref()
     }
 
     /// The cache salt, or ``None``.
@@ -149,11 +159,14 @@ impl ExtraKeys {
                 .map(|m| MultiModalKey(m.clone()).__repr__())
                 .collect();
         format!(
-            "ExtraKeys(adapter={}, salt={}, mm=({}{}))",
+            "ExtraKeys(adapter={}, salt={}, mm=({}{}){})",
             opt_repr(&k.adapter),
             opt_repr(&k.salt),
             mm.join(", "),
-            if mm.len() == 1 { "," } else { "" }
+            if mm.len() == 1 { "," } else { "" },
+            k.adapter_path
+                .as_ref()
+                .map_or_else(String::new, |p| format!(", adapter_path={p:?}"))
         )
     }
 }
@@ -202,6 +215,7 @@ fn from_dict(d: &Bound<'_, PyDict>) -> PyResult<hash::ExtraKeys> {
     let mut adapter = None;
     let mut salt = None;
     let mut mm = None;
+    let mut adapter_path = None;
     for (k, v) in d.iter() {
         let name: String = k
             .extract()
@@ -211,12 +225,13 @@ fn from_dict(d: &Bound<'_, PyDict>) -> PyResult<hash::ExtraKeys> {
             "adapter" => adapter = v.map(|v| v.extract()).transpose()?,
             "salt" => salt = v.map(|v| v.extract()).transpose()?,
             "mm" => mm = v,
+            "adapter_path" => adapter_path = v.map(|v| v.extract()).transpose()?,
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "unknown extra key {other:?} (expected adapter, salt or mm)"
+                    "unknown extra key {other:?} (expected adapter, salt, mm or adapter_path)"
                 )))
             }
         }
     }
-    Ok(ExtraKeys::new(adapter, salt, mm.as_ref())?.0)
+    Ok(ExtraKeys::new(adapter, salt, mm.as_ref(), adapter_path)?.0)
 }

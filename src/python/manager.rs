@@ -122,6 +122,21 @@ impl BlockManager {
         Ok(PrefixMatch::new(py, found))
     }
 
+    /// External (64-bit) hashes of the full blocks of ``tokens``: the values
+    /// events carry for them.
+    #[pyo3(signature = (tokens, *, extra_keys = None, salt = None))]
+    fn block_hashes(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+    ) -> PyResult<Vec<u64>> {
+        keyed(py, &tokens, extra_keys, salt, |k| {
+            self.inner.block_hashes(&tokens, k)
+        })
+    }
+
     /// Appends generated ``tokens`` (a sequence, an array or one int) to
     /// ``request_id``. Fills the reserved room first and takes a new block
     /// only when it is full; a partial tail shared with a fork is first
