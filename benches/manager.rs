@@ -12,7 +12,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mla_cache::{AdmitOptions, BlockManager, CacheConfig, EvictionPolicyKind, ExtraKeys};
+use mla_cache::{
+    AdmitOptions, BlockHashKind, BlockManager, CacheConfig, EvictionPolicyKind, ExtraKeys,
+};
 
 const PROMPT: usize = 4096;
 
@@ -186,5 +188,28 @@ fn per_policy(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single_thread, two_threads, per_policy);
+/// Hashing a 4,096-token prompt (64 blocks of 64) with each block hash kind.
+fn per_block_hash(c: &mut Criterion) {
+    let tokens: Vec<u32> = (0..4096).map(|t| t * 37 % 150_000).collect();
+    let keys = ExtraKeys::default();
+    for kind in BlockHashKind::ALL {
+        let m = BlockManager::new(CacheConfig {
+            block_hash: kind,
+            hash_seed: Some(1),
+            ..CacheConfig::new(128)
+        })
+        .unwrap();
+        c.bench_function(&format!("block_hashes 4096 tokens {kind}"), |b| {
+            b.iter(|| black_box(m.block_hashes(black_box(&tokens), &keys)))
+        });
+    }
+}
+
+criterion_group!(
+    benches,
+    single_thread,
+    two_threads,
+    per_policy,
+    per_block_hash
+);
 criterion_main!(benches);
