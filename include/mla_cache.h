@@ -177,6 +177,24 @@ typedef enum MlaEvictionPolicyKind {
 } MlaEvictionPolicyKind;
 
 /**
+ * How block hashes are computed.
+ */
+typedef enum MlaBlockHashKind {
+    /**
+     * The library's own seeded xxh3 (default).
+     */
+    MLA_BLOCK_HASH_KIND_XXH3 = 0,
+    /**
+     * vLLM 0.33's `sha256_cbor`.
+     */
+    MLA_BLOCK_HASH_KIND_SHA256_CBOR = 1,
+    /**
+     * vLLM 0.33's `xxhash_cbor`.
+     */
+    MLA_BLOCK_HASH_KIND_XXHASH_CBOR = 2,
+} MlaBlockHashKind;
+
+/**
  * What an event reports.
  */
 typedef enum MlaEventKind {
@@ -330,6 +348,10 @@ typedef struct MlaConfigInfo {
      * A prefix hit on admission is capped at `len - 1` tokens.
      */
     bool cap_hit_at_last_token;
+    /**
+     * How block hashes are computed.
+     */
+    enum MlaBlockHashKind block_hash;
 } MlaConfigInfo;
 
 /**
@@ -1080,6 +1102,14 @@ enum MlaStatus mla_config_set_verify_tokens(struct MlaConfig *config, bool value
 enum MlaStatus mla_config_set_pin_budget_blocks(struct MlaConfig *config,
                                                 bool has_budget,
                                                 size_t blocks);
+
+/**
+ * Sets how block hashes are computed (an `MlaBlockHashKind` value; others
+ * fail with `MLA_STATUS_INVALID_CONFIG`). `MLA_BLOCK_HASH_KIND_SHA256_CBOR`
+ * and `..._XXHASH_CBOR` give vLLM 0.33's hashes, `hash_seed` playing its
+ * `PYTHONHASHSEED`. Thread safety: thread-safe.
+ */
+enum MlaStatus mla_config_set_block_hash(struct MlaConfig *config, uint32_t kind);
 
 /**
  * Records events for `mla_manager_take_events`. Thread safety: thread-safe.

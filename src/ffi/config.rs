@@ -3,7 +3,9 @@
 use std::ffi::c_char;
 use std::sync::{Mutex, PoisonError};
 
-use super::types::{dtype_from, eviction_from, MlaDtype, MlaEvictionPolicyKind};
+use super::types::{
+    block_hash_from, dtype_from, eviction_from, MlaBlockHashKind, MlaDtype, MlaEvictionPolicyKind,
+};
 use super::{guard, text, MlaStatus, Out, Registry};
 use crate::{CacheConfig, Dtype, ModelGeometry};
 
@@ -65,6 +67,8 @@ pub struct MlaConfigInfo {
     pub enable_events: bool,
     /// A prefix hit on admission is capped at `len - 1` tokens.
     pub cap_hit_at_last_token: bool,
+    /// How block hashes are computed.
+    pub block_hash: MlaBlockHashKind,
 }
 
 /// Sizes derived from a valid configuration, as read by `mla_config_sizes`.
@@ -297,6 +301,21 @@ pub extern "C" fn mla_config_set_pin_budget_blocks(
     })
 }
 
+/// Sets how block hashes are computed (an `MlaBlockHashKind` value; others
+/// fail with `MLA_STATUS_INVALID_CONFIG`). `MLA_BLOCK_HASH_KIND_SHA256_CBOR`
+/// and `..._XXHASH_CBOR` give vLLM 0.33's hashes, `hash_seed` playing its
+/// `PYTHONHASHSEED`. Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_config_set_block_hash(config: *mut MlaConfig, kind: u32) -> MlaStatus {
+    guard("mla_config_set_block_hash", || {
+        CONFIGS.with(config, |c| {
+            let kind = block_hash_from(kind)?;
+            c.update(|c| c.block_hash = kind);
+            Ok(())
+        })
+    })
+}
+
 /// Records events for `mla_manager_take_events`. Thread safety: thread-safe.
 #[no_mangle]
 pub extern "C" fn mla_config_set_enable_events(config: *mut MlaConfig, value: bool) -> MlaStatus {
@@ -335,6 +354,7 @@ pub(crate) fn info(c: &CacheConfig) -> MlaConfigInfo {
         pin_budget_blocks: c.pin_budget_blocks.unwrap_or(0),
         enable_events: c.enable_events,
         cap_hit_at_last_token: c.cap_hit_at_last_token,
+        block_hash: c.block_hash.into(),
     }
 }
 

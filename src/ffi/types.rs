@@ -13,7 +13,7 @@ use crate::codec::ElemType;
 use crate::publish::PublisherStats;
 use crate::tier::remote::RemoteStats;
 use crate::tier::{HostTierStats, TierHits, TierStats};
-use crate::{BlockCopy, CacheStats, Dtype, EvictionPolicyKind};
+use crate::{BlockCopy, BlockHashKind, CacheStats, Dtype, EvictionPolicyKind};
 
 /// Defines `From` both ways between a core enum and its C enum, which have
 /// the same variants.
@@ -86,6 +86,24 @@ mirror_enum!(EvictionPolicyKind <=> MlaEvictionPolicyKind {
     Adaptive
 });
 
+/// How block hashes are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub enum MlaBlockHashKind {
+    /// The library's own seeded xxh3 (default).
+    Xxh3 = 0,
+    /// vLLM 0.33's `sha256_cbor`.
+    Sha256Cbor = 1,
+    /// vLLM 0.33's `xxhash_cbor`.
+    XxhashCbor = 2,
+}
+
+mirror_enum!(BlockHashKind <=> MlaBlockHashKind {
+    Xxh3,
+    Sha256Cbor,
+    XxhashCbor
+});
+
 /// Element type of a tensor given to or filled by a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
@@ -127,7 +145,12 @@ macro_rules! c_value {
     };
 }
 
-c_value!(MlaDtype, MlaEvictionPolicyKind, MlaElemType);
+c_value!(
+    MlaDtype,
+    MlaEvictionPolicyKind,
+    MlaBlockHashKind,
+    MlaElemType
+);
 
 /// The format whose `MlaDtype` value is `value` (`MLA_STATUS_INVALID_CONFIG`
 /// otherwise).
@@ -142,6 +165,17 @@ pub(crate) fn eviction_from(value: u32) -> FfiResult<EvictionPolicyKind> {
         value,
         &EvictionPolicyKind::ALL,
         "eviction policy",
+        MlaStatus::InvalidConfig,
+    )
+}
+
+/// The kind whose `MlaBlockHashKind` value is `value`
+/// (`MLA_STATUS_INVALID_CONFIG` otherwise).
+pub(crate) fn block_hash_from(value: u32) -> FfiResult<BlockHashKind> {
+    from_c::<_, MlaBlockHashKind>(
+        value,
+        &BlockHashKind::ALL,
+        "block hash kind",
         MlaStatus::InvalidConfig,
     )
 }
@@ -411,6 +445,13 @@ mod tests {
         let err = dtype_from(3).unwrap_err();
         assert_eq!(err.status, MlaStatus::InvalidConfig);
         assert!(eviction_from(4).is_err());
+        for k in BlockHashKind::ALL {
+            assert_eq!(
+                block_hash_from(MlaBlockHashKind::from(k) as u32).unwrap(),
+                k
+            );
+        }
+        assert!(block_hash_from(3).is_err());
         let err = elem_from(3, "c_kv").unwrap_err();
         assert_eq!(err.status, MlaStatus::InvalidArgument);
         assert!(err.message.contains("c_kv"), "{}", err.message);

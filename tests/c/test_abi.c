@@ -76,6 +76,7 @@ static void test_config(void) {
     CHECK(info.num_layers == 61 && info.kv_lora_rank == 512 && info.rope_dim == 64);
     CHECK(info.dtype == MLA_DTYPE_FP8_DS_MLA && info.block_size == 64);
     CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_LRU);
+    CHECK(info.block_hash == MLA_BLOCK_HASH_KIND_XXH3);
     CHECK(info.enable_prefix_caching && info.cap_hit_at_last_token);
     CHECK(!info.has_hash_seed && !info.has_pin_budget_blocks && !info.verify_tokens);
     OK(mla_config_destroy(config));
@@ -137,6 +138,13 @@ static void test_config(void) {
     OK(mla_config_get(config, &info));
     CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_RESIDENCY);
     OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_LRU));
+    OK(mla_config_set_block_hash(config, MLA_BLOCK_HASH_KIND_SHA256_CBOR));
+    OK(mla_config_get(config, &info));
+    CHECK(info.block_hash == MLA_BLOCK_HASH_KIND_SHA256_CBOR);
+    EXPECT(mla_config_set_block_hash(config, 3), MLA_STATUS_INVALID_CONFIG);
+    OK(mla_config_get(config, &info));
+    CHECK(info.block_hash == MLA_BLOCK_HASH_KIND_SHA256_CBOR);
+    OK(mla_config_set_block_hash(config, MLA_BLOCK_HASH_KIND_XXH3));
 
     /* Invalid values are refused by the setters that can tell, else on use. */
     EXPECT(mla_config_set_dtype(config, 99), MLA_STATUS_INVALID_CONFIG);
