@@ -21,6 +21,7 @@ def test_defaults_and_every_field_as_keyword():
         "enable_events": False,
         "cap_hit_at_last_token": True,
         "max_pending_events": 100_000,
+        "block_hash": "xxh3",
     }
     fields = dict(
         num_blocks=8,
@@ -37,6 +38,7 @@ def test_defaults_and_every_field_as_keyword():
         enable_events=True,
         cap_hit_at_last_token=False,
         max_pending_events=7,
+        block_hash="sha256_cbor",
     )
     c = CacheConfig(**fields)
     assert c.to_dict() == fields
@@ -133,3 +135,12 @@ def test_help_reads_well():
     doc = mla_cache.CacheConfig.__doc__
     assert "num_blocks" in doc and "replace" in doc
     assert "Admits" in mla_cache.BlockManager.admit.__doc__
+
+
+def test_block_hash_kinds_are_named_and_unknown_ones_refused():
+    for kind in ("xxh3", "sha256_cbor", "xxhash_cbor"):
+        c = CacheConfig(8, block_hash=kind)
+        assert c.block_hash == kind
+        assert f"block_hash='{kind}'" in repr(c) or kind == "xxh3"
+    with pytest.raises(ValueError, match="block hash"):
+        CacheConfig(8, block_hash="sha256")

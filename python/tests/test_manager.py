@@ -230,6 +230,19 @@ def test_extra_keys_objects_and_errors():
         ExtraKeys(mm=[("h", 1)])
 
 
+def test_the_adapter_path_enters_only_vllm_compatible_hashes():
+    p = toks(0, 8)
+    a = ExtraKeys(adapter="a", adapter_path="/x")
+    assert a.adapter_path == "/x" and "adapter_path=\"/x\"" in repr(a)
+    assert ExtraKeys(adapter="a").adapter_path is None
+    own = BlockManager(small_config())
+    assert own.block_hashes(p, extra_keys=a) == own.block_hashes(p, extra_keys={"adapter": "a"})
+    vllm = BlockManager(mla_cache.CacheConfig(16, block_size=4, block_hash="sha256_cbor"))
+    assert vllm.block_hashes(p, extra_keys=a) != vllm.block_hashes(
+        p, extra_keys={"adapter": "a", "adapter_path": "/y"}
+    )
+
+
 def test_pin_and_unpin(manager):
     p = toks(0, 8)
     manager.admit(1, p)
