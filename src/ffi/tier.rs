@@ -93,6 +93,7 @@ unsafe fn settings(options: *const MlaTierOptions) -> FfiResult<TierSettings> {
                 0 => defaults.queue_depth,
                 n => n,
             },
+            name: defaults.name,
         },
         stream: Stream(o.stream as usize),
     })

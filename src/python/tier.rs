@@ -95,6 +95,7 @@ impl TieredCache {
                 namespace: namespace.to_owned(),
                 lookup_budget,
                 queue_depth,
+                ..RemoteOptions::default()
             },
             stream: Stream(stream),
         };
