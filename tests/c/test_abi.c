@@ -967,6 +967,24 @@ static void test_tiered_events(void) {
     OK(mla_event_list_destroy(list));
     EXPECT(mla_tiered_take_events(cache, NULL), MLA_STATUS_NULL_POINTER);
     EXPECT(mla_tiered_take_events(NULL, &list), MLA_STATUS_NULL_POINTER);
+    /* Published from the tiered cache: both events, each with its medium. */
+    MlaPublisherOptions po;
+    memset(&po, 0, sizeof po);
+    po.endpoint = "tcp://*:0";
+    MlaPublisher *publisher = NULL;
+    OK(mla_publisher_create(&po, &publisher));
+    run_request(cache, store, 2, 3000, PROMPT, &hits);
+    size_t accepted = 0;
+    OK(mla_publisher_publish_tiered(publisher, cache, &accepted));
+    CHECK(accepted == 2);
+    OK(mla_publisher_publish_tiered(publisher, cache, &accepted));
+    CHECK(accepted == 0);
+    EXPECT(mla_publisher_publish_tiered(publisher, NULL, &accepted), MLA_STATUS_NULL_POINTER);
+    MlaPublisherStats ps;
+    OK(mla_publisher_stats(publisher, &ps));
+    CHECK(ps.events_accepted == 2);
+    OK(mla_publisher_destroy(publisher));
+    OK(mla_tiered_free(cache, 2));
     OK(mla_tiered_free(cache, 1));
     OK(mla_tiered_destroy(cache));
 
