@@ -180,6 +180,11 @@ impl EventPublisher {
         &self.endpoint
     }
 
+    /// The `medium` [`publish`](Self::publish) gives events.
+    pub fn medium(&self) -> &Arc<str> {
+        &self.medium
+    }
+
     /// The replay endpoint in use, if any.
     pub fn replay_endpoint(&self) -> Option<&str> {
         self.replay_endpoint.as_deref()
