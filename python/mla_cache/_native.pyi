@@ -2,6 +2,8 @@
 
 from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Tuple, Union, final
 
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
@@ -222,6 +224,7 @@ class AppendOutcome:
     def copies(self) -> list[Tuple[int, int]]:
         """``(src, dst)`` block copies to perform before writing the new tokens."""
 
+@disjoint_base
 class CacheEvent:
     """Base class of every event from ``BlockManager.take_events`` and
     ``TieredCache.take_events``."""
