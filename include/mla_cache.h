@@ -352,6 +352,10 @@ typedef struct MlaConfigInfo {
      * How block hashes are computed.
      */
     enum MlaBlockHashKind block_hash;
+    /**
+     * Most events waiting to be taken; more are dropped and counted.
+     */
+    size_t max_pending_events;
 } MlaConfigInfo;
 
 /**
@@ -477,6 +481,11 @@ typedef struct MlaEvent {
      * BLOCK_STORED: adapter the blocks were computed with, or NULL.
      */
     const char *adapter;
+    /**
+     * Where the blocks live (vLLM's `medium`): `GPU` for the device tier,
+     * `CPU` for host memory, the remote tier's name for it.
+     */
+    const char *medium;
 } MlaEvent;
 
 /**
@@ -853,6 +862,10 @@ typedef struct MlaTierOptions {
      * are enqueued on it and waited for. NULL: the legacy default stream.
      */
     void *stream;
+    /**
+     * The remote tier's `medium` in events; NULL for `REMOTE`.
+     */
+    const char *remote_name;
 } MlaTierOptions;
 
 /**
@@ -978,6 +991,11 @@ typedef struct MlaTierStats {
      * Block copies that failed (the block is then not in the lower tier).
      */
     uint64_t copy_errors;
+    /**
+     * Events dropped because `max_pending_events` were waiting for
+     * `mla_tiered_take_events`.
+     */
+    uint64_t events_dropped;
     /**
      * Whether there is a host tier (else `host` is zero).
      */
@@ -1115,6 +1133,14 @@ enum MlaStatus mla_config_set_block_hash(struct MlaConfig *config, uint32_t kind
  * Records events for `mla_manager_take_events`. Thread safety: thread-safe.
  */
 enum MlaStatus mla_config_set_enable_events(struct MlaConfig *config, bool value);
+
+/**
+ * Sets the most events waiting to be taken (`mla_manager_take_events`,
+ * `mla_tiered_take_events`); more are dropped and counted in
+ * `events_dropped`. Must be positive (checked on validation).
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_config_set_max_pending_events(struct MlaConfig *config, size_t value);
 
 /**
  * Caps a prefix hit on admission at `len - 1` tokens (default true), so
@@ -1635,6 +1661,20 @@ enum MlaStatus mla_publisher_publish(const struct MlaPublisher *publisher,
                                      size_t *accepted);
 
 /**
+ * Takes every tier's events from a tiered cache and queues them for
+ * publishing, each with its own `medium` (the publisher's is not used);
+ * otherwise like `mla_publisher_publish`. `accepted` may be NULL.
+ *
+ * # Safety
+ * A non-null `accepted` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+enum MlaStatus mla_publisher_publish_tiered(const struct MlaPublisher *publisher,
+                                            const struct MlaTieredCache *cache,
+                                            size_t *accepted);
+
+/**
  * Sends the queued events now and waits at most `timeout_ms` for them to
  * go out; `sent` (may be NULL) tells whether they did.
  *
@@ -1838,6 +1878,18 @@ enum MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
 enum MlaStatus mla_store_layer_view(const struct MlaStore *store,
                                     size_t layer,
                                     struct MlaLayerView *out);
+
+/**
+ * Takes every tier's events recorded since the last call (none unless the
+ * configuration enabled events) into a new event list, oldest first, each
+ * with its `medium`. On a tiered cache, take events here only.
+ *
+ * # Safety
+ * `out` must be valid for a write; `*out` receives the new handle.
+ *
+ * Thread safety: thread-safe; each event goes to exactly one caller.
+ */
+enum MlaStatus mla_tiered_take_events(struct MlaTieredCache *cache, struct MlaEventList **out);
 
 /**
  * Creates a tiered cache: a block manager for `config` (copied) over

@@ -226,3 +226,128 @@ fn bad_configs_are_refused() {
     let err = again.unwrap_err().to_string();
     assert!(err.contains("bind"), "{err}");
 }
+
+/// A msgpack value of an event: what vLLM's fields hold.
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Nil,
+    Int(u64),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+fn value(r: &mut &[u8]) -> Value {
+    use rmp::Marker;
+    let marker = rmp::decode::read_marker(r).unwrap();
+    let take = |r: &mut &[u8], n: usize| {
+        let (head, tail) = r.split_at(n);
+        *r = tail;
+        head.to_vec()
+    };
+    let be = |b: Vec<u8>| b.iter().fold(0u64, |a, &x| a << 8 | u64::from(x));
+    match marker {
+        Marker::Null => Value::Nil,
+        Marker::FixPos(n) => Value::Int(n.into()),
+        Marker::U8 => Value::Int(be(take(r, 1))),
+        Marker::U16 => Value::Int(be(take(r, 2))),
+        Marker::U32 => Value::Int(be(take(r, 4))),
+        Marker::U64 => Value::Int(be(take(r, 8))),
+        Marker::FixStr(n) => Value::Str(String::from_utf8(take(r, n.into())).unwrap()),
+        Marker::Str8 => {
+            let n = be(take(r, 1)) as usize;
+            Value::Str(String::from_utf8(take(r, n)).unwrap())
+        }
+        Marker::FixArray(n) => Value::Array((0..n).map(|_| value(r)).collect()),
+        Marker::Array16 => {
+            let n = be(take(r, 2));
+            Value::Array((0..n).map(|_| value(r)).collect())
+        }
+        m => panic!("unexpected marker {m:?}"),
+    }
+}
+
+/// `(type, medium, block_hashes)` of every event of a payload.
+fn decode_events(payload: &[u8]) -> Vec<(String, String, Vec<u64>)> {
+    let mut r = payload;
+    assert_eq!(rmp::decode::read_array_len(&mut r).unwrap(), 3);
+    rmp::decode::read_f64(&mut r).unwrap();
+    let n = rmp::decode::read_array_len(&mut r).unwrap();
+    (0..n)
+        .map(|_| {
+            let fields = rmp::decode::read_map_len(&mut r).unwrap();
+            let (mut kind, mut medium, mut hashes) = (String::new(), String::new(), Vec::new());
+            for _ in 0..fields {
+                let Value::Str(k) = value(&mut r) else {
+                    panic!("string keys")
+                };
+                match (k.as_str(), value(&mut r)) {
+                    ("type", Value::Str(t)) => kind = t,
+                    ("medium", Value::Str(m)) => medium = m,
+                    ("block_hashes", Value::Array(hs)) => {
+                        hashes = hs
+                            .into_iter()
+                            .map(|h| match h {
+                                Value::Int(h) => h,
+                                v => panic!("hash {v:?}"),
+                            })
+                            .collect()
+                    }
+                    _ => {}
+                }
+            }
+            (kind, medium, hashes)
+        })
+        .collect()
+}
+
+/// A tiered cache's events reach subscribers each with its own medium.
+#[test]
+fn tier_events_arrive_with_their_medium() {
+    use mla_cache::store::HostStore;
+    use mla_cache::tier::{HostTier, TierOptions, TieredCache, WritePolicy};
+    use std::sync::Arc;
+
+    let cache_config = CacheConfig {
+        enable_events: true,
+        block_size: 16,
+        num_layers: 1,
+        ..CacheConfig::new(8)
+    };
+    let store = Arc::new(HostStore::new(&cache_config).unwrap());
+    let tiers = TierOptions {
+        write_policy: WritePolicy::WriteThrough,
+        host: Some(HostTier::new(store.block_bytes(), 8).unwrap()),
+        ..TierOptions::default()
+    };
+    let cache = TieredCache::new(BlockManager::new(cache_config).unwrap(), store, tiers).unwrap();
+    let prompt: Vec<u32> = (0..33).collect();
+    cache.admit(1, &prompt, &AdmitOptions::default()).unwrap();
+    cache.free(1).unwrap();
+    let events = cache.take_events();
+    let expected: Vec<(String, String, Vec<u64>)> = events
+        .iter()
+        .map(|e| match &e.event {
+            CacheEvent::BlockStored { block_hashes, .. } => (
+                "BlockStored".into(),
+                e.medium.to_string(),
+                block_hashes.clone(),
+            ),
+            other => panic!("only stores here: {other:?}"),
+        })
+        .collect();
+    let media: Vec<&str> = expected.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(media, ["GPU", "CPU"], "{expected:?}");
+    assert_eq!(expected[0].2, expected[1].2);
+
+    let publisher = EventPublisher::new(config()).unwrap();
+    let sub = subscriber(&publisher, "");
+    join(&publisher, &sub);
+    assert_eq!(publisher.publish_events(events), 2);
+    assert!(publisher.flush(Duration::from_secs(5)));
+    let mut got = Vec::new();
+    while got.len() < expected.len() {
+        let frames = sub.recv_multipart(0).expect("the batch arrives");
+        got.extend(decode_events(&frames[2]));
+    }
+    assert_eq!(got, expected);
+}

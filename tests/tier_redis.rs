@@ -11,13 +11,13 @@
 mod tier_common;
 
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mla_cache::store::HostStore;
 use mla_cache::tier::remote::{BlockFormat, RedisOptions, RedisRemote};
-use mla_cache::tier::{RemoteOptions, RemoteTier, TieredCache, WritePolicy};
-use mla_cache::{AdmitOptions, Dtype, ExtraKeys};
+use mla_cache::tier::{HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache, WritePolicy};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig, CacheEvent, Dtype, ExtraKeys};
 use tier_common::*;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -91,6 +91,7 @@ fn node(
         namespace: namespace.into(),
         lookup_budget: budget,
         queue_depth: 16,
+        ..RemoteOptions::default()
     };
     let remote = RemoteTier::new(Box::new(backend), format(), options).unwrap();
     cache(
@@ -416,4 +417,98 @@ fn damaged_values_on_the_server_are_rejected() {
         assert_eq!(hit.num_cached_tokens, 0);
         assert_eq!(b.remote().unwrap().stats().rejected, 1);
     }
+}
+
+/// The medium and kind of `e`, with its external block hashes.
+fn summary(e: &mla_cache::publish::WireEvent) -> (String, &'static str, Vec<u64>) {
+    let (kind, hashes) = match &e.event {
+        CacheEvent::BlockStored { block_hashes, .. } => ("stored", block_hashes.clone()),
+        CacheEvent::BlockRemoved { block_hashes } => ("removed", block_hashes.clone()),
+        CacheEvent::AllBlocksCleared => ("cleared", Vec::new()),
+    };
+    (e.medium.to_string(), kind, hashes)
+}
+
+/// Blocks stored into the device tier, copied down to host memory (which
+/// evicts) and to Valkey/Redis, evicted from the device and loaded back:
+/// every tier's events, each with its medium, in order, on the same hashes.
+#[test]
+fn a_tier_round_trip_reports_every_medium_in_order() {
+    let _one = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(s) = servers() else { return };
+    let backend = RedisRemote::from_spec(&s.single, quick()).unwrap();
+    let options = RemoteOptions {
+        namespace: fresh_namespace("events"),
+        lookup_budget: Duration::from_secs(5),
+        name: "VALKEY".into(),
+        ..RemoteOptions::default()
+    };
+    let remote = RemoteTier::new(Box::new(backend), format(), options).unwrap();
+    let config = CacheConfig {
+        enable_events: true,
+        ..config(Dtype::Fp8DsMla, 4)
+    };
+    let store = Arc::new(HostStore::new(&config).unwrap());
+    let tiers = TierOptions {
+        write_policy: WritePolicy::WriteThrough,
+        host: Some(HostTier::new(store.block_bytes(), 2).unwrap()),
+        remote: Some(remote),
+        ..TierOptions::default()
+    };
+    let cache = TieredCache::new(BlockManager::new(config).unwrap(), store.clone(), tiers).unwrap();
+
+    // Prompt 1: 3 full blocks into the device tier, then down to both tiers.
+    run_prefill(&cache, &store, 1, 1, PROMPT);
+    cache.free(1).unwrap();
+    let first: Vec<_> = cache.take_events().iter().map(summary).collect();
+    let h = first[0].2.clone();
+    assert_eq!(h.len(), 3, "{first:?}");
+    let ev = |m: &str, k: &'static str, hs: &[u64]| (m.to_string(), k, hs.to_vec());
+    assert_eq!(
+        first,
+        [
+            ev("GPU", "stored", &h),
+            ev("CPU", "stored", &h[..2]),
+            ev("CPU", "removed", &h[..1]),
+            ev("CPU", "stored", &h[2..]),
+            ev("VALKEY", "stored", &h),
+        ]
+    );
+    assert!(cache.remote().unwrap().flush(Duration::from_secs(10)));
+
+    // Prompt 2 takes every device block: prompt 1's leave the device tier.
+    run_prefill(&cache, &store, 2, 2, PROMPT);
+    cache.free(2).unwrap();
+    let second: Vec<_> = cache.take_events().iter().map(summary).collect();
+    let removed: Vec<u64> = second
+        .iter()
+        .filter(|(m, k, _)| m == "GPU" && *k == "removed")
+        .flat_map(|e| e.2.clone())
+        .collect();
+    assert!(h.iter().all(|x| removed.contains(x)), "{second:?}");
+
+    // Prompt 1 again: loaded from the remote tier (host memory now holds
+    // prompt 2's blocks), into the device tier and host memory.
+    let opts = AdmitOptions {
+        chunked_prefill: true,
+        ..AdmitOptions::default()
+    };
+    let a = cache.admit(3, &prompt(1, PROMPT), &opts).unwrap();
+    assert_eq!(a.hits.remote_tokens, 3 * BLOCK, "{:?}", a.hits);
+    let third: Vec<_> = cache.take_events().iter().map(summary).collect();
+    let gpu_stored: Vec<_> = third
+        .iter()
+        .filter(|(m, k, _)| m == "GPU" && *k == "stored")
+        .flat_map(|e| e.2.clone())
+        .collect();
+    assert_eq!(gpu_stored, h, "{third:?}");
+    let cpu_stored: Vec<_> = third
+        .iter()
+        .filter(|(m, k, _)| m == "CPU" && *k == "stored")
+        .flat_map(|e| e.2.clone())
+        .collect();
+    assert_eq!(cpu_stored, h, "{third:?}");
+    assert!(third.iter().all(|(m, _, _)| m != "VALKEY"), "{third:?}");
+    assert_eq!(cache.stats().events_dropped, 0);
+    cache.free(3).unwrap();
 }

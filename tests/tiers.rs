@@ -173,6 +173,7 @@ fn remote_with(backend: Box<dyn RemoteBackend>, budget: Duration) -> RemoteTier 
         namespace: "test".into(),
         lookup_budget: budget,
         queue_depth: 16,
+        ..RemoteOptions::default()
     };
     RemoteTier::new(backend, format, options).unwrap()
 }

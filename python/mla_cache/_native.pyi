@@ -2,6 +2,8 @@
 
 from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, Tuple, Union, final
 
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
@@ -230,8 +232,16 @@ class AppendOutcome:
     def copies(self) -> list[Tuple[int, int]]:
         """``(src, dst)`` block copies to perform before writing the new tokens."""
 
+@disjoint_base
 class CacheEvent:
-    """Base class of every event from ``BlockManager.take_events``."""
+    """Base class of every event from ``BlockManager.take_events`` and
+    ``TieredCache.take_events``."""
+
+    @property
+    def medium(self) -> Optional[str]:
+        """Where the blocks live (vLLM's ``medium``: ``"GPU"``, ``"CPU"``, a
+        remote tier's name) for a tiered cache's events; ``None`` for a
+        manager's (a publisher then uses its own)."""
 
 @final
 class BlockStored(CacheEvent):
@@ -294,9 +304,10 @@ class EventPublisher:
     def replay_endpoint(self) -> Optional[str]:
         """The replay (ROUTER) endpoint in use, or ``None``."""
     def publish(self, events: Sequence[CacheEvent], medium: Optional[str] = None) -> int:
-        """Queues the events of ``take_events`` (oldest first) with ``medium``
-        (default: the publisher's); returns how many were accepted: all, or
-        none when the queue is full (they are counted as dropped)."""
+        """Queues the events of ``take_events`` (oldest first), each with
+        ``medium`` if given, else its own (a tiered cache's events), else the
+        publisher's; returns how many were accepted: all, or none when the
+        queue is full (they are counted as dropped)."""
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Sends the queued events now; waits at most ``timeout_s`` seconds for
         them to go out and returns whether they did."""
@@ -609,6 +620,7 @@ class TieredCache:
         lookup_budget_ms: float = 20.0,
         queue_depth: int = 64,
         stream: int = 0,
+        remote_name: str = "REMOTE",
     ) -> "TieredCache": ...
     @property
     def config(self) -> CacheConfig:
@@ -649,6 +661,11 @@ class TieredCache:
         """Slot numbers of positions ``start .. end``, for ``LatentStore.write``."""
     def num_tokens(self, request_id: RequestId) -> int:
         """Tokens (prompt and appended) of the request."""
+    def take_events(self) -> list[CacheEvent]:
+        """Every tier's events since the last call, oldest first, each with its
+        ``medium`` (``"GPU"``, ``"CPU"``, the remote tier's name); empty unless
+        the config enables events. On a tiered cache, take events here, not
+        from ``manager``."""
     def flush_remote(self, timeout_s: float = 10.0) -> bool:
         """Waits until the remote tier ran every queued write; whether it did."""
     def stats(self) -> dict[str, Any]:

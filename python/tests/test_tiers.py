@@ -195,3 +195,24 @@ def test_two_nodes_share_blocks_through_redis():
     # Another namespace sees nothing.
     other, _ = tiered(remote=url, namespace=ns + "-other", lookup_budget_ms=2000)
     assert other.lookup(prompt(7)).remote_tokens == 0
+
+
+def test_take_events_reports_every_tier_with_its_medium():
+    c = CacheConfig(8, block_size=BS, num_layers=3, hash_seed=42, enable_events=True)
+    store = LatentStore(c)
+    cache = TieredCache(c, store, host_mem=2 * c.bytes_per_block)
+    run_prefill(cache, store, 1, 1)
+    cache.free(1)
+    events = cache.take_events()
+    got = [(e.medium, type(e).__name__, e.block_hashes) for e in events]
+    h = got[0][2]
+    assert len(h) == 3
+    # Host memory holds 2 blocks: the third evicts the first.
+    assert got == [
+        ("GPU", "BlockStored", h),
+        ("CPU", "BlockStored", h[:2]),
+        ("CPU", "BlockRemoved", h[:1]),
+        ("CPU", "BlockStored", h[2:]),
+    ]
+    assert cache.take_events() == []
+    assert cache.stats()["events_dropped"] == 0

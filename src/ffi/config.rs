@@ -69,6 +69,8 @@ pub struct MlaConfigInfo {
     pub cap_hit_at_last_token: bool,
     /// How block hashes are computed.
     pub block_hash: MlaBlockHashKind,
+    /// Most events waiting to be taken; more are dropped and counted.
+    pub max_pending_events: usize,
 }
 
 /// Sizes derived from a valid configuration, as read by `mla_config_sizes`.
@@ -324,6 +326,20 @@ pub extern "C" fn mla_config_set_enable_events(config: *mut MlaConfig, value: bo
     })
 }
 
+/// Sets the most events waiting to be taken (`mla_manager_take_events`,
+/// `mla_tiered_take_events`); more are dropped and counted in
+/// `events_dropped`. Must be positive (checked on validation).
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_config_set_max_pending_events(
+    config: *mut MlaConfig,
+    value: usize,
+) -> MlaStatus {
+    set("mla_config_set_max_pending_events", config, |c| {
+        c.max_pending_events = value
+    })
+}
+
 /// Caps a prefix hit on admission at `len - 1` tokens (default true), so
 /// the last prompt token is recomputed for its logits.
 /// Thread safety: thread-safe.
@@ -355,6 +371,7 @@ pub(crate) fn info(c: &CacheConfig) -> MlaConfigInfo {
         enable_events: c.enable_events,
         cap_hit_at_last_token: c.cap_hit_at_last_token,
         block_hash: c.block_hash.into(),
+        max_pending_events: c.max_pending_events,
     }
 }
 

@@ -4,6 +4,7 @@ use std::ffi::{c_char, CString};
 
 use super::manager::{MlaManager, MANAGERS};
 use super::{guard, Failure, MlaStatus, MlaTokenId, Out, Registry};
+use crate::publish::{WireEvent, MEDIUM_GPU};
 use crate::CacheEvent;
 
 /// What an event reports.
@@ -42,6 +43,9 @@ pub struct MlaEvent {
     pub block_size: usize,
     /// BLOCK_STORED: adapter the blocks were computed with, or NULL.
     pub adapter: *const c_char,
+    /// Where the blocks live (vLLM's `medium`): `GPU` for the device tier,
+    /// `CPU` for host memory, the remote tier's name for it.
+    pub medium: *const c_char,
 }
 
 /// One event's owned data.
@@ -52,6 +56,7 @@ struct Owned {
     tokens: Vec<MlaTokenId>,
     block_size: usize,
     adapter: Option<CString>,
+    medium: CString,
 }
 
 /// Events taken from a manager (opaque); read with `mla_event_list_len` and
@@ -62,8 +67,10 @@ pub struct MlaEventList {
 
 static EVENT_LISTS: Registry<MlaEventList> = Registry::new("MlaEventList");
 
-fn own(event: CacheEvent) -> Owned {
-    match event {
+fn own(e: WireEvent) -> Owned {
+    // Media come from settings checked as C strings or constants: no NUL.
+    let medium = CString::new(e.medium.as_bytes()).unwrap_or_default();
+    match e.event {
         CacheEvent::BlockStored {
             block_hashes,
             parent_block_hash,
@@ -78,6 +85,7 @@ fn own(event: CacheEvent) -> Owned {
             block_size,
             // Adapter names reach the manager as C strings here, so they hold no NUL.
             adapter: adapter.and_then(|a| CString::new(a.as_bytes()).ok()),
+            medium,
         },
         CacheEvent::BlockRemoved { block_hashes } => Owned {
             kind: MlaEventKind::BlockRemoved,
@@ -86,6 +94,7 @@ fn own(event: CacheEvent) -> Owned {
             tokens: Vec::new(),
             block_size: 0,
             adapter: None,
+            medium,
         },
         CacheEvent::AllBlocksCleared => Owned {
             kind: MlaEventKind::AllBlocksCleared,
@@ -94,6 +103,7 @@ fn own(event: CacheEvent) -> Owned {
             tokens: Vec::new(),
             block_size: 0,
             adapter: None,
+            medium,
         },
     }
 }
@@ -114,12 +124,21 @@ pub unsafe extern "C" fn mla_manager_take_events(
     guard("mla_manager_take_events", || {
         let out = Out::new(out, "out")?;
         let events = MANAGERS.with(manager, |m| Ok(m.inner.take_events()))?;
-        let list = MlaEventList {
-            events: events.into_iter().map(own).collect(),
-        };
+        let gpu: std::sync::Arc<str> = MEDIUM_GPU.into();
+        let events = events.into_iter().map(|event| WireEvent {
+            event,
+            medium: std::sync::Arc::clone(&gpu),
+        });
         // SAFETY: per the contract.
-        unsafe { out.set(EVENT_LISTS.register(list)) };
+        unsafe { out.set(event_list(events)) };
         Ok(())
+    })
+}
+
+/// Registers a new list of `events`.
+pub(super) fn event_list(events: impl Iterator<Item = WireEvent>) -> *mut MlaEventList {
+    EVENT_LISTS.register(MlaEventList {
+        events: events.map(own).collect(),
     })
 }
 
@@ -172,6 +191,7 @@ pub unsafe extern "C" fn mla_event_list_get(
                 num_token_ids: e.tokens.len(),
                 block_size: e.block_size,
                 adapter: e.adapter.as_ref().map_or(std::ptr::null(), |a| a.as_ptr()),
+                medium: e.medium.as_ptr(),
             })
         })?;
         // SAFETY: per the contract.

@@ -4,6 +4,7 @@ use std::ffi::{c_char, CString};
 use std::time::Duration;
 
 use super::manager::{MlaManager, MANAGERS};
+use super::tier::{MlaTieredCache, TIERED};
 use super::{guard, opt_text, Failure, MlaPublisherStats, MlaStatus, Out, Registry};
 use crate::publish::{EventPublisher, PublisherConfig};
 
@@ -122,6 +123,36 @@ pub unsafe extern "C" fn mla_publisher_publish(
         let n = PUBLISHERS.with(publisher, |p| {
             let events = MANAGERS.with(manager, |m| Ok(m.inner.take_events()))?;
             Ok(p.inner.publish(events))
+        })?;
+        if let Some(out) = out {
+            // SAFETY: per the contract.
+            unsafe { out.set(n) };
+        }
+        Ok(())
+    })
+}
+
+/// Takes every tier's events from a tiered cache and queues them for
+/// publishing, each with its own `medium` (the publisher's is not used);
+/// otherwise like `mla_publisher_publish`. `accepted` may be NULL.
+///
+/// # Safety
+/// A non-null `accepted` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_publisher_publish_tiered(
+    publisher: *const MlaPublisher,
+    cache: *const MlaTieredCache,
+    accepted: *mut usize,
+) -> MlaStatus {
+    guard("mla_publisher_publish_tiered", || {
+        let out = (!accepted.is_null())
+            .then(|| Out::new(accepted, "accepted"))
+            .transpose()?;
+        let n = PUBLISHERS.with(publisher, |p| {
+            let events = TIERED.with(cache, |c| Ok(c.inner.take_events()))?;
+            Ok(p.inner.publish_events(events))
         })?;
         if let Some(out) = out {
             // SAFETY: per the contract.

@@ -5,6 +5,7 @@ use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
 use super::config::CONFIGS;
+use super::events::{event_list, MlaEventList};
 use super::manager::{admit_options, extra_keys};
 use super::requests::{AdmitOutputs, GrowOutputs};
 use super::store::STORES;
@@ -20,10 +21,10 @@ use crate::tier::{RemoteOptions, TierSettings, TieredCache};
 /// tier, L1), a host-memory tier (L2) and a remote tier (L3). Allocate only
 /// through it. Thread-safe.
 pub struct MlaTieredCache {
-    inner: TieredCache,
+    pub(super) inner: TieredCache,
 }
 
-static TIERED: Registry<MlaTieredCache> = Registry::new("MlaTieredCache");
+pub(super) static TIERED: Registry<MlaTieredCache> = Registry::new("MlaTieredCache");
 
 /// Settings of the lower tiers. All-zero (NULL strings) means no lower
 /// tier, write-through, namespace `default`, a 20 ms lookup budget and a
@@ -54,11 +55,35 @@ pub struct MlaTierOptions {
     /// The engine's `CUstream`: block copies out of and into a CUDA store
     /// are enqueued on it and waited for. NULL: the legacy default stream.
     pub stream: *mut c_void,
+    /// The remote tier's `medium` in events; NULL for `REMOTE`.
+    pub remote_name: *const c_char,
 }
 
 /// Runs `f` on the tiered cache behind a live handle.
 fn with<R>(c: *const MlaTieredCache, f: impl FnOnce(&TieredCache) -> FfiResult<R>) -> FfiResult<R> {
     TIERED.with(c, |c| f(&c.inner))
+}
+
+/// Takes every tier's events recorded since the last call (none unless the
+/// configuration enabled events) into a new event list, oldest first, each
+/// with its `medium`. On a tiered cache, take events here only.
+///
+/// # Safety
+/// `out` must be valid for a write; `*out` receives the new handle.
+///
+/// Thread safety: thread-safe; each event goes to exactly one caller.
+#[no_mangle]
+pub unsafe extern "C" fn mla_tiered_take_events(
+    cache: *mut MlaTieredCache,
+    out: *mut *mut MlaEventList,
+) -> MlaStatus {
+    guard("mla_tiered_take_events", || {
+        let out = Out::new(out, "out")?;
+        let events = with(cache, |c| Ok(c.take_events()))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(event_list(events.into_iter())) };
+        Ok(())
+    })
 }
 
 /// Reads the C options.
@@ -72,11 +97,12 @@ unsafe fn settings(options: *const MlaTierOptions) -> FfiResult<TierSettings> {
     };
     let defaults = RemoteOptions::default();
     // SAFETY: per the contract, for the three strings.
-    let (remote, policy, namespace) = unsafe {
+    let (remote, policy, namespace, name) = unsafe {
         (
             opt_text(o.remote, "options.remote")?,
             opt_text(o.write_policy, "options.write_policy")?,
             opt_text(o.remote_namespace, "options.remote_namespace")?,
+            opt_text(o.remote_name, "options.remote_name")?,
         )
     };
     Ok(TierSettings {
@@ -93,6 +119,7 @@ unsafe fn settings(options: *const MlaTierOptions) -> FfiResult<TierSettings> {
                 0 => defaults.queue_depth,
                 n => n,
             },
+            name: name.map_or(defaults.name, str::to_owned),
         },
         stream: Stream(o.stream as usize),
     })

@@ -361,6 +361,9 @@ pub struct MlaTierStats {
     pub written_back: u64,
     /// Block copies that failed (the block is then not in the lower tier).
     pub copy_errors: u64,
+    /// Events dropped because `max_pending_events` were waiting for
+    /// `mla_tiered_take_events`.
+    pub events_dropped: u64,
     /// Whether there is a host tier (else `host` is zero).
     pub has_host: bool,
     /// The host tier's counters.
@@ -381,6 +384,7 @@ impl From<TierStats> for MlaTierStats {
             written_through,
             written_back,
             copy_errors,
+            events_dropped,
             host,
             remote,
         } = s;
@@ -392,6 +396,7 @@ impl From<TierStats> for MlaTierStats {
             written_through,
             written_back,
             copy_errors,
+            events_dropped,
             has_host: host.is_some(),
             host: host.map(Into::into).unwrap_or_default(),
             has_remote: remote.is_some(),

@@ -180,6 +180,11 @@ impl EventPublisher {
         &self.endpoint
     }
 
+    /// The `medium` [`publish`](Self::publish) gives events.
+    pub fn medium(&self) -> &Arc<str> {
+        &self.medium
+    }
+
     /// The replay endpoint in use, if any.
     pub fn replay_endpoint(&self) -> Option<&str> {
         self.replay_endpoint.as_deref()
@@ -195,6 +200,19 @@ impl EventPublisher {
 
     /// [`publish`](Self::publish) with another `medium` (a lower tier's).
     pub fn publish_from(&self, events: Vec<CacheEvent>, medium: &Arc<str>) -> usize {
+        let wire = events
+            .into_iter()
+            .map(|event| WireEvent {
+                event,
+                medium: Arc::clone(medium),
+            })
+            .collect();
+        self.publish_events(wire)
+    }
+
+    /// [`publish`](Self::publish) for events that carry their own medium
+    /// (those of [`TieredCache::take_events`](crate::tier::TieredCache::take_events)).
+    pub fn publish_events(&self, events: Vec<WireEvent>) -> usize {
         let n = events.len();
         if n == 0 {
             return 0;
@@ -206,16 +224,7 @@ impl EventPublisher {
                 (q + n <= self.max_queue_size).then_some(q + n)
             })
             .is_ok();
-        let sent = fits && {
-            let wire = events
-                .into_iter()
-                .map(|event| WireEvent {
-                    event,
-                    medium: Arc::clone(medium),
-                })
-                .collect();
-            self.send(Command::Events(wire))
-        };
+        let sent = fits && self.send(Command::Events(events));
         if sent {
             self.shared.accepted.fetch_add(n as u64, Ordering::Relaxed);
             n

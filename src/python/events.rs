@@ -6,11 +6,19 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use pyo3::PyClassInitializer;
 
+use crate::publish::WireEvent;
 use crate::CacheEvent as Event;
 
-/// Base class of every event from ``BlockManager.take_events``.
+/// Base class of every event from ``BlockManager.take_events`` and
+/// ``TieredCache.take_events``.
 #[pyclass(frozen, subclass, module = "mla_cache")]
-pub struct CacheEvent;
+pub struct CacheEvent {
+    /// Where the blocks live (vLLM's ``medium``: ``"GPU"``, ``"CPU"``, a
+    /// remote tier's name) for a tiered cache's events; ``None`` for a
+    /// manager's (a publisher then uses its own).
+    #[pyo3(get)]
+    medium: Option<String>,
+}
 
 /// Consecutive blocks of one hash chain entered the prefix index.
 #[pyclass(frozen, eq, extends = CacheEvent, module = "mla_cache")]
@@ -90,14 +98,26 @@ impl AllBlocksCleared {
 pub(crate) fn to_py_list(py: Python<'_>, events: Vec<Event>) -> PyResult<Bound<'_, PyList>> {
     let list = PyList::empty(py);
     for e in events {
-        list.append(to_py(py, e)?)?;
+        list.append(to_py(py, e, None)?)?;
+    }
+    Ok(list)
+}
+
+/// The Python objects of a tiered cache's `events`, each with its medium.
+pub(crate) fn wire_to_py_list(
+    py: Python<'_>,
+    events: Vec<WireEvent>,
+) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for e in events {
+        list.append(to_py(py, e.event, Some(e.medium.to_string()))?)?;
     }
     Ok(list)
 }
 
 /// The Python object of one event.
-pub(crate) fn to_py(py: Python<'_>, event: Event) -> PyResult<Bound<'_, PyAny>> {
-    let base = PyClassInitializer::from(CacheEvent);
+fn to_py(py: Python<'_>, event: Event, medium: Option<String>) -> PyResult<Bound<'_, PyAny>> {
+    let base = PyClassInitializer::from(CacheEvent { medium });
     Ok(match event {
         Event::BlockStored {
             block_hashes,

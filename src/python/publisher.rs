@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 
 use super::errors;
 use super::events::{AllBlocksCleared, BlockRemoved, BlockStored};
-use crate::publish::{self, PublisherConfig};
+use crate::publish::{self, PublisherConfig, WireEvent};
 use crate::CacheEvent;
 
 /// Publishes KV events over ZeroMQ in vLLM's wire format (multipart
@@ -83,20 +83,32 @@ impl EventPublisher {
         self.inner.replay_endpoint()
     }
 
-    /// Queues the events of ``take_events`` (oldest first) with ``medium``
-    /// (default: the publisher's); returns how many were accepted: all, or
-    /// none when the queue is full (they are counted as dropped).
+    /// Queues the events of ``take_events`` (oldest first), each with
+    /// ``medium`` if given, else its own (a tiered cache's events), else
+    /// the publisher's; returns how many were accepted: all, or none when
+    /// the queue is full (they are counted as dropped).
     #[pyo3(signature = (events, medium = None))]
     fn publish(&self, events: Vec<Bound<'_, PyAny>>, medium: Option<&str>) -> PyResult<usize> {
+        if medium == Some("") {
+            return Err(PyValueError::new_err("medium must not be empty"));
+        }
+        let given = medium.map(Arc::<str>::from);
         let events = events
             .iter()
-            .map(from_py)
-            .collect::<PyResult<Vec<CacheEvent>>>()?;
-        Ok(match medium {
-            None => self.inner.publish(events),
-            Some("") => return Err(PyValueError::new_err("medium must not be empty")),
-            Some(m) => self.inner.publish_from(events, &Arc::from(m)),
-        })
+            .map(|obj| {
+                let own = obj.getattr("medium")?.extract::<Option<String>>()?;
+                let medium = match (&given, own) {
+                    (Some(m), _) => Arc::clone(m),
+                    (None, Some(m)) if !m.is_empty() => Arc::from(m),
+                    (None, _) => Arc::clone(self.inner.medium()),
+                };
+                Ok(WireEvent {
+                    event: from_py(obj)?,
+                    medium,
+                })
+            })
+            .collect::<PyResult<Vec<WireEvent>>>()?;
+        Ok(self.inner.publish_events(events))
     }
 
     /// Sends the queued events now; waits at most ``timeout_s`` seconds for

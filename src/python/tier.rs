@@ -67,7 +67,8 @@ impl TieredCache {
     #[new]
     #[pyo3(signature = (
         config, store, *, host_mem = 0, remote = None, write_policy = "write-through",
-        namespace = "default", lookup_budget_ms = 20.0, queue_depth = 64, stream = 0
+        namespace = "default", lookup_budget_ms = 20.0, queue_depth = 64, stream = 0,
+        remote_name = "REMOTE"
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -80,6 +81,7 @@ impl TieredCache {
         lookup_budget_ms: f64,
         #[pyo3(from_py_with = ints::size)] queue_depth: usize,
         #[pyo3(from_py_with = ints::size)] stream: usize,
+        remote_name: &str,
     ) -> PyResult<Self> {
         let lookup_budget =
             Duration::try_from_secs_f64(lookup_budget_ms / 1000.0).map_err(|_| {
@@ -95,6 +97,7 @@ impl TieredCache {
                 namespace: namespace.to_owned(),
                 lookup_budget,
                 queue_depth,
+                name: remote_name.to_owned(),
             },
             stream: Stream(stream),
         };
@@ -249,9 +252,18 @@ impl TieredCache {
             .is_none_or(|r| py.detach(|| r.flush(timeout))))
     }
 
+    /// Every tier's events since the last call, oldest first, each with its
+    /// ``medium`` (``"GPU"``, ``"CPU"``, the remote tier's name); empty
+    /// unless the config enables events. On a tiered cache, take events
+    /// here, not from ``manager``.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        super::events::wire_to_py_list(py, self.inner.take_events())
+    }
+
     /// A snapshot of the counters as a dict: ``query_tokens``,
     /// ``device_hit_tokens``, ``host_hit_tokens``, ``remote_hit_tokens``,
-    /// ``written_through``, ``written_back``, ``copy_errors``; ``host``: a
+    /// ``written_through``, ``written_back``, ``copy_errors``,
+    /// ``events_dropped`` (by ``take_events``' bounded queue); ``host``: a
     /// dict (``capacity_blocks``, ``blocks``, ``stores``, ``loads``,
     /// ``evictions``) or ``None``; ``remote``: a dict (``lookups``,
     /// ``hit_blocks``, ``miss_blocks``, ``rejected``, ``timeouts``,

@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-use super::host::{HostTier, HostTierStats};
+use super::event_log::{Changes, EventLog};
+use super::host::{HostStored, HostTier, HostTierStats};
 use super::remote::{RemoteStats, RemoteTier, HEADER_LEN};
 use super::transfer::BlockTransfer;
 use super::write_policy::WritePolicy;
@@ -32,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::hash::{BlockHash, ExtraKeys};
 use crate::ids::{BlockId, RequestId, TokenId};
 use crate::manager::{AdmitOptions, AppendOutcome, BlockManager};
+use crate::publish::{WireEvent, MEDIUM_CPU};
 use crate::store::Stream;
 use crate::sync::Mutex;
 use crate::tier::remote::BlockFormat;
@@ -100,6 +102,9 @@ pub struct TierStats {
     pub written_back: u64,
     /// Block copies that failed (the block is then simply not in the lower tier).
     pub copy_errors: u64,
+    /// Events dropped because `max_pending_events` were waiting for
+    /// [`TieredCache::take_events`] (the manager counts its own queue's).
+    pub events_dropped: u64,
     /// The host tier's counters.
     pub host: Option<HostTierStats>,
     /// The remote tier's counters.
@@ -147,6 +152,11 @@ pub struct TieredCache {
     /// Device-tier hits per block, for write-through-selective.
     hit_counts: Mutex<FxHashMap<BlockHash, u32>>,
     counters: Counters,
+    events: EventLog,
+    /// The host tier's `medium` in events.
+    host_medium: Arc<str>,
+    /// The remote tier's `medium` in events (its configured name).
+    remote_medium: Arc<str>,
 }
 
 impl std::fmt::Debug for TieredCache {
@@ -185,6 +195,9 @@ impl TieredCache {
             }
         }
         if let Some(remote) = &options.remote {
+            if remote.options().name.is_empty() {
+                return bad("the remote tier's name must not be empty".into());
+            }
             if *remote.format() != BlockFormat::new(config, bytes) {
                 return bad("the remote tier's block format differs from the device tier's".into());
             }
@@ -193,7 +206,15 @@ impl TieredCache {
             }
         }
         manager.set_eviction_log(tiered);
+        let remote_medium = options
+            .remote
+            .as_ref()
+            .map_or("", |r| r.options().name.as_str())
+            .into();
         Ok(Self {
+            events: EventLog::new(&manager),
+            host_medium: MEDIUM_CPU.into(),
+            remote_medium,
             manager,
             device,
             policy: options.write_policy,
@@ -317,6 +338,7 @@ impl TieredCache {
             }
         }
         let l2 = loaded - l1;
+        let mut host_changes = Changes::default();
         if let Some(remote) = self.remote.as_ref().filter(|_| loaded < limit) {
             for value in remote.get(&hashes[loaded..limit]) {
                 let (h, b, payload) = (hashes[loaded], blocks[loaded], &value[HEADER_LEN..]);
@@ -325,14 +347,19 @@ impl TieredCache {
                     break;
                 }
                 if let Some(host) = &self.host {
-                    let _ = host.insert(h, |buf| {
+                    let stored = host.insert(h, |buf| {
                         buf.copy_from_slice(payload);
                         Ok(())
                     });
+                    if let Ok(Some(s)) = stored {
+                        note_host_store(&mut host_changes, h, s);
+                    }
                 }
                 loaded += 1;
             }
         }
+        self.events
+            .record(&self.manager, &self.host_medium, host_changes);
         let l3 = loaded - l1 - l2;
 
         let state = RequestState {
@@ -423,6 +450,15 @@ impl TieredCache {
         Ok(())
     }
 
+    /// Events of every tier recorded since the last call, oldest first,
+    /// each with its `medium`: the manager's as `"GPU"`, the host tier's as
+    /// `"CPU"`, the remote tier's with its name (empty unless
+    /// [`CacheConfig::enable_events`](crate::CacheConfig::enable_events)).
+    /// Take events from here, not from the manager, on a tiered cache.
+    pub fn take_events(&self) -> Vec<WireEvent> {
+        self.events.take(&self.manager)
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> TierStats {
         let c = &self.counters;
@@ -434,6 +470,7 @@ impl TieredCache {
             written_through: c.written_through.load(Relaxed),
             written_back: c.written_back.load(Relaxed),
             copy_errors: c.copy_errors.load(Relaxed),
+            events_dropped: self.events.dropped(),
             host: self.host.as_ref().map(HostTier::stats),
             remote: self.remote.as_ref().map(RemoteTier::stats),
         }
@@ -529,13 +566,15 @@ impl TieredCache {
     /// all, without one), to the remote tier. Returns the blocks copied.
     fn copy_down(&self, blocks: &[(BlockHash, BlockId)]) -> u64 {
         let mut puts = Vec::new();
+        let mut host_changes = Changes::default();
         let mut copied = 0;
         for &(h, b) in blocks {
             let value = match (&self.host, &self.remote) {
                 (Some(host), remote) => {
                     match host.insert(h, |buf| self.device.read_block(b, buf, self.stream)) {
-                        Ok(false) => continue,
-                        Ok(true) => {
+                        Ok(None) => continue,
+                        Ok(Some(stored)) => {
+                            note_host_store(&mut host_changes, h, stored);
                             copied += 1;
                             let Some(remote) = remote else { continue };
                             let mut value = None;
@@ -574,9 +613,26 @@ impl TieredCache {
             };
             puts.push((h, value));
         }
+        self.events
+            .record(&self.manager, &self.host_medium, host_changes);
         if let Some(remote) = &self.remote {
-            remote.put(puts);
+            let mut remote_changes = Changes::default();
+            for &(h, _) in &puts {
+                remote_changes.stored(h);
+            }
+            if remote.put(puts) {
+                self.events
+                    .record(&self.manager, &self.remote_medium, remote_changes);
+            }
         }
         copied
     }
+}
+
+/// Notes a block the host tier stored, after the block it evicted for it.
+fn note_host_store(changes: &mut Changes, hash: BlockHash, stored: HostStored) {
+    if let Some(evicted) = stored.evicted {
+        changes.removed(evicted);
+    }
+    changes.stored(hash);
 }

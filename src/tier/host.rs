@@ -33,6 +33,13 @@ pub struct HostTierStats {
     pub evictions: u64,
 }
 
+/// A block [`HostTier::insert`] stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostStored {
+    /// The block evicted to make room, if any.
+    pub evicted: Option<BlockHash>,
+}
+
 /// Whole blocks in host memory, keyed by [`BlockHash`], least recently used
 /// evicted first. `Send + Sync`.
 #[derive(Debug)]
@@ -103,17 +110,17 @@ impl HostTier {
     }
 
     /// Stores block `hash`, its bytes written by `fill`, evicting the least
-    /// recently used block when full. `Ok(false)` when the tier already
+    /// recently used block when full. `Ok(None)` when the tier already
     /// holds it (contents are immutable per hash) or has no room at all. If
     /// `fill` fails, the block is not stored.
     pub fn insert(
         &self,
         hash: BlockHash,
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
-    ) -> Result<bool> {
+    ) -> Result<Option<HostStored>> {
         let mut inner = self.inner.lock();
         let Some(placed) = inner.directory.insert(hash) else {
-            return Ok(false);
+            return Ok(None);
         };
         if placed.evicted.is_some() {
             self.evictions.fetch_add(1, Relaxed);
@@ -125,7 +132,9 @@ impl HostTier {
             return Err(e);
         }
         self.stores.fetch_add(1, Relaxed);
-        Ok(true)
+        Ok(Some(HostStored {
+            evicted: placed.evicted,
+        }))
     }
 
     /// A snapshot of the counters.
@@ -156,11 +165,12 @@ mod tests {
     fn stores_reads_and_evicts_whole_blocks() {
         let tier = HostTier::new(4, 2).unwrap();
         let h = BlockHash;
-        assert!(tier.insert(h(1), fill(1)).unwrap());
-        assert!(tier.insert(h(2), fill(2)).unwrap());
-        assert!(!tier.insert(h(1), |_| unreachable!()).unwrap());
+        let stored = |evicted| Some(HostStored { evicted });
+        assert_eq!(tier.insert(h(1), fill(1)).unwrap(), stored(None));
+        assert_eq!(tier.insert(h(2), fill(2)).unwrap(), stored(None));
+        assert_eq!(tier.insert(h(1), |_| unreachable!()).unwrap(), None);
         // h(1) was touched by the refused insert: h(2) goes first.
-        assert!(tier.insert(h(3), fill(3)).unwrap());
+        assert_eq!(tier.insert(h(3), fill(3)).unwrap(), stored(Some(h(2))));
         assert_eq!(tier.leading_run(&[h(1), h(3), h(2)]), 2);
         let mut seen = Vec::new();
         assert!(tier

@@ -16,6 +16,7 @@
 
 mod cache;
 mod directory;
+mod event_log;
 mod host;
 pub mod remote;
 mod settings;
@@ -23,7 +24,7 @@ mod transfer;
 mod write_policy;
 
 pub use cache::{TierHits, TierOptions, TierStats, TieredAdmission, TieredCache};
-pub use host::{HostTier, HostTierStats};
+pub use host::{HostStored, HostTier, HostTierStats};
 pub use remote::{RemoteOptions, RemoteTier};
 pub use settings::{check_same_blocks, redis_backend, TierSettings};
 pub use transfer::{BlockTransfer, BookkeepingOnly};

@@ -118,6 +118,10 @@ static void test_config(void) {
     OK(mla_config_set_enable_events(config, true));
     OK(mla_config_set_cap_hit_at_last_token(config, false));
     OK(mla_config_get(config, &info));
+    CHECK(info.max_pending_events == 100000);
+    OK(mla_config_set_max_pending_events(config, 7));
+    OK(mla_config_get(config, &info));
+    CHECK(info.max_pending_events == 7);
     CHECK(info.num_blocks == 32 && info.block_size == 16 && info.num_layers == 3);
     CHECK(info.kv_lora_rank == 256 && info.rope_dim == 32 && info.dtype == MLA_DTYPE_MXFP6);
     CHECK(!info.enable_prefix_caching && info.has_hash_seed && info.hash_seed == 1234);
@@ -134,6 +138,10 @@ static void test_config(void) {
     OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_ADAPTIVE));
     OK(mla_config_get(config, &info));
     CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ADAPTIVE);
+    OK(mla_config_set_max_pending_events(config, 0));
+    EXPECT(mla_config_validate(config), MLA_STATUS_INVALID_CONFIG);
+    EXPECT(mla_config_set_max_pending_events(NULL, 1), MLA_STATUS_NULL_POINTER);
+    OK(mla_config_set_max_pending_events(config, 7));
     OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_RESIDENCY));
     OK(mla_config_get(config, &info));
     CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_RESIDENCY);
@@ -542,6 +550,7 @@ static void test_pins_reset_events(void) {
     OK(mla_event_list_get(list, 0, &e));
     CHECK(e.kind == MLA_EVENT_KIND_BLOCK_STORED && e.num_block_hashes == 3);
     CHECK(!e.has_parent && e.block_size == BS && e.num_token_ids == 12 && e.adapter == NULL);
+    CHECK(strcmp(e.medium, "GPU") == 0);
     CHECK(e.token_ids[0] == 7 && e.token_ids[11] == 18);
     /* External hashes of 7..19 under seed 42, as Rust's and Python's tests assert. */
     CHECK(e.block_hashes[0] == UINT64_C(5565884646872614745));
@@ -937,6 +946,72 @@ static MlaTieredCache *tiered(MlaConfig *config, MlaStore *store, const MlaTierO
     return cache;
 }
 
+/* Every tier's events, each with its medium; a full queue drops and counts. */
+static void test_tiered_events(void) {
+    enum { PROMPT = 3 * BS + 1 };
+    MlaConfig *config = small_config(8);
+    MlaStore *store = NULL;
+    OK(mla_config_set_num_layers(config, 2));
+    OK(mla_config_set_enable_events(config, true));
+    OK(mla_store_create_host(config, false, &store));
+    MlaTierOptions o = {0};
+    o.host_mem_bytes = 1 << 20;
+    MlaTieredCache *cache = tiered(config, store, &o);
+    MlaTierHits hits;
+    run_request(cache, store, 1, 1000, PROMPT, &hits);
+    MlaEventList *list = NULL;
+    MlaEvent gpu, cpu;
+    size_t n = 0;
+    OK(mla_tiered_take_events(cache, &list));
+    OK(mla_event_list_len(list, &n));
+    CHECK(n == 2);
+    OK(mla_event_list_get(list, 0, &gpu));
+    OK(mla_event_list_get(list, 1, &cpu));
+    CHECK(strcmp(gpu.medium, "GPU") == 0 && strcmp(cpu.medium, "CPU") == 0);
+    CHECK(gpu.kind == MLA_EVENT_KIND_BLOCK_STORED && cpu.kind == MLA_EVENT_KIND_BLOCK_STORED);
+    CHECK(gpu.num_block_hashes == 3 && cpu.num_block_hashes == 3);
+    CHECK(memcmp(gpu.block_hashes, cpu.block_hashes, 3 * sizeof(uint64_t)) == 0);
+    CHECK(cpu.num_token_ids == 0 && !cpu.has_parent);
+    OK(mla_event_list_destroy(list));
+    EXPECT(mla_tiered_take_events(cache, NULL), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_tiered_take_events(NULL, &list), MLA_STATUS_NULL_POINTER);
+    /* Published from the tiered cache: both events, each with its medium. */
+    MlaPublisherOptions po;
+    memset(&po, 0, sizeof po);
+    po.endpoint = "tcp://*:0";
+    MlaPublisher *publisher = NULL;
+    OK(mla_publisher_create(&po, &publisher));
+    run_request(cache, store, 2, 3000, PROMPT, &hits);
+    size_t accepted = 0;
+    OK(mla_publisher_publish_tiered(publisher, cache, &accepted));
+    CHECK(accepted == 2);
+    OK(mla_publisher_publish_tiered(publisher, cache, &accepted));
+    CHECK(accepted == 0);
+    EXPECT(mla_publisher_publish_tiered(publisher, NULL, &accepted), MLA_STATUS_NULL_POINTER);
+    MlaPublisherStats ps;
+    OK(mla_publisher_stats(publisher, &ps));
+    CHECK(ps.events_accepted == 2);
+    OK(mla_publisher_destroy(publisher));
+    OK(mla_tiered_free(cache, 2));
+    OK(mla_tiered_free(cache, 1));
+    OK(mla_tiered_destroy(cache));
+
+    OK(mla_config_set_max_pending_events(config, 1));
+    cache = tiered(config, store, &o);
+    run_request(cache, store, 1, 1000, PROMPT, &hits);
+    OK(mla_tiered_take_events(cache, &list));
+    OK(mla_event_list_len(list, &n));
+    CHECK(n == 1);
+    OK(mla_event_list_destroy(list));
+    MlaTierStats stats;
+    OK(mla_tiered_stats(cache, &stats));
+    CHECK(stats.events_dropped == 1);
+    OK(mla_tiered_free(cache, 1));
+    OK(mla_tiered_destroy(cache));
+    OK(mla_store_destroy(store));
+    OK(mla_config_destroy(config));
+}
+
 static void test_tiered_host(void) {
     enum { PROMPT = 3 * BS + 1 };
     static float before[12][576], after[12][576];
@@ -1085,6 +1160,7 @@ int main(void) {
     test_manager_handles();
     test_store();
     test_tiered_host();
+    test_tiered_events();
     test_tiered_remote();
     return CHECK_SUMMARY("test_abi");
 }

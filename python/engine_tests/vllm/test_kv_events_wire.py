@@ -214,6 +214,39 @@ def test_every_event_arrives_in_order_decoded_by_vllm() -> None:
     ctx.destroy(linger=0)
 
 
+def test_tier_events_arrive_with_their_own_medium() -> None:
+    c = mla_cache.CacheConfig(
+        8, block_size=16, num_layers=2, hash_seed=42, enable_events=True
+    )
+    store = mla_cache.LatentStore(c)
+    cache = mla_cache.TieredCache(c, store, host_mem=2 * c.bytes_per_block)
+    prompt = list(range(3 * 16 + 1))
+    cache.admit(1, prompt)
+    cache.free(1)
+    events = cache.take_events()
+    assert [e.medium for e in events] == ["GPU", "CPU", "CPU", "CPU"]
+
+    ctx = zmq.Context()
+    pub = publisher()
+    sub = subscribe(ctx, pub)
+    join(pub, sub)
+    assert pub.publish(events) == len(events)
+    assert pub.flush()
+    decoder = msgspec.msgpack.Decoder(vk.KVEventBatch)
+    got: List[vk.KVCacheEvent] = []
+    while len(got) < len(events):
+        assert sub.poll(5000), f"only {len(got)} of {len(events)} events arrived"
+        payload = sub.recv_multipart()[2]
+        batch = decoder.decode(payload)
+        check_independently(payload, batch)
+        got.extend(batch.events)
+    assert got == [as_vllm(e, e.medium) for e in events]
+    # A medium given to publish overrides the events' own.
+    assert pub.publish(events[:1], medium="GPU") == 1
+    pub.shutdown()
+    ctx.destroy(linger=0)
+
+
 def check_independently(payload: bytes, batch: vk.KVEventBatch) -> None:
     """The second decoder agrees with vLLM's and sees vLLM's field order."""
     ts, raw_events, rank = unpack(payload)

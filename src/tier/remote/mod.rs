@@ -65,15 +65,18 @@ pub struct RemoteOptions {
     /// Jobs (lookups and write batches) queued for the worker at most;
     /// beyond it lookups miss and writes are dropped.
     pub queue_depth: usize,
+    /// The tier's `medium` in KV events (vLLM's field): names it to routers.
+    pub name: String,
 }
 
 impl Default for RemoteOptions {
-    /// Namespace `default`, a 20 ms lookup budget, 64 queued jobs.
+    /// Namespace `default`, a 20 ms lookup budget, 64 queued jobs, name `REMOTE`.
     fn default() -> Self {
         Self {
             namespace: "default".into(),
             lookup_budget: Duration::from_millis(20),
             queue_depth: 64,
+            name: "REMOTE".into(),
         }
     }
 }
@@ -233,10 +236,10 @@ impl RemoteTier {
     }
 
     /// Queues values (from [`BlockFormat::encode`]) for writing; drops them
-    /// when the queue is full. Never blocks.
-    pub fn put(&self, entries: Vec<(BlockHash, Vec<u8>)>) {
+    /// when the queue is full. Never blocks. Returns whether they were queued.
+    pub fn put(&self, entries: Vec<(BlockHash, Vec<u8>)>) -> bool {
         if entries.is_empty() {
-            return;
+            return false;
         }
         let (n, bytes) = (
             entries.len() as u64,
@@ -246,9 +249,11 @@ impl RemoteTier {
             Ok(()) => {
                 self.counters.put_blocks.fetch_add(n, Relaxed);
                 self.counters.put_bytes.fetch_add(bytes, Relaxed);
+                true
             }
             Err(_) => {
                 self.counters.queue_full.fetch_add(1, Relaxed);
+                false
             }
         }
     }
