@@ -96,16 +96,15 @@ impl EventPublisher {
         let events = events
             .iter()
             .map(|obj| {
+                // The conversion comes first: it refuses what is not an event.
+                let event = from_py(obj)?;
                 let own = obj.getattr("medium")?.extract::<Option<String>>()?;
                 let medium = match (&given, own) {
                     (Some(m), _) => Arc::clone(m),
                     (None, Some(m)) if !m.is_empty() => Arc::from(m),
                     (None, _) => Arc::clone(self.inner.medium()),
                 };
-                Ok(WireEvent {
-                    event: from_py(obj)?,
-                    medium,
-                })
+                Ok(WireEvent { event, medium })
             })
             .collect::<PyResult<Vec<WireEvent>>>()?;
         Ok(self.inner.publish_events(events))
