@@ -56,6 +56,16 @@ pub enum Error {
     /// The operation needs an idle cache, and blocks are in use.
     #[error("{0} blocks are in use")]
     BlocksInUse(usize),
+    /// Caller-provided batch buffers are too small: a block-table row needs
+    /// `max_blocks` entries and the slot mapping `num_slots` (both reported,
+    /// so one retry with these sizes succeeds).
+    #[error("buffers too small: the batch needs {max_blocks} blocks per table row and {num_slots} slots")]
+    BatchBuffersTooSmall {
+        /// Entries the longest block table needs.
+        max_blocks: usize,
+        /// Slots the mapping needs.
+        num_slots: usize,
+    },
     /// A storage backend failed or is unavailable (no GPU, no driver, ...).
     #[error("storage: {0}")]
     Storage(String),

@@ -72,7 +72,10 @@ pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};
 pub use ids::{BlockId, RequestId, TokenId};
-pub use manager::{Admission, AdmitOptions, AppendOutcome, BlockCopy, BlockManager};
+pub use manager::{
+    Admission, AdmitCheck, AdmitOptions, AppendOutcome, BatchAppendOutcome, BlockCopy,
+    BlockManager, TableSizes,
+};
 pub use policy::{EvictionPolicy, Retention};
 pub use prefix_cache::{Insertion, PrefixCache, PrefixMatch};
 pub use stats::CacheStats;

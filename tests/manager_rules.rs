@@ -219,7 +219,7 @@ fn fork_shares_blocks_and_copies_a_shared_partial_tail_on_write() {
     assert_eq!(m.num_free_blocks(), 6);
     let out = m.append(2, &[100]).unwrap();
     assert_eq!(out.copies.len(), 1);
-    let BlockCopy { src, dst } = out.copies[0];
+    let BlockCopy { src, dst, .. } = out.copies[0];
     assert_eq!(src, parent[1]);
     let child = m.block_table(2).unwrap();
     assert_eq!(child, vec![parent[0], dst]);
@@ -754,7 +754,7 @@ fn fork_shares_no_reserved_room_and_reserve_copies_a_shared_tail() {
     // first, so drafts written there never reach the parent.
     let out = m.reserve(2, 10).unwrap();
     assert_eq!(out.copies.len(), 1);
-    let BlockCopy { src, dst } = out.copies[0];
+    let BlockCopy { src, dst, .. } = out.copies[0];
     assert_eq!(src, parent[1]);
     assert_eq!(out.new_block_ids.len(), 1);
     assert_eq!(

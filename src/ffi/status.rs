@@ -112,6 +112,7 @@ impl From<Error> for Failure {
             Error::NotPinned => MlaStatus::NotPinned,
             Error::BlocksInUse(_) => MlaStatus::BlocksInUse,
             Error::Storage(_) => MlaStatus::Storage,
+            Error::BatchBuffersTooSmall { .. } => MlaStatus::BufferTooSmall,
         };
         Failure::new(status, e.to_string())
     }

@@ -22,6 +22,7 @@
 //! - full blocks are immutable; a shared partial tail is copied on write;
 //! - room reserved past a request's tokens is private and unhashed.
 
+mod batch;
 mod invariants;
 mod outcomes;
 mod pool;
@@ -31,7 +32,9 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
-pub use self::outcomes::{Admission, AdmitOptions, AppendOutcome, BlockCopy};
+pub use self::outcomes::{
+    Admission, AdmitCheck, AdmitOptions, AppendOutcome, BatchAppendOutcome, BlockCopy, TableSizes,
+};
 pub use crate::prefix_cache::PrefixMatch;
 
 use self::pool::Pool;
@@ -196,16 +199,14 @@ impl BlockManager {
         if st.requests.contains_key(&id) {
             return Err(Error::DuplicateRequest(id));
         }
-        let hits = self.prefixes.lookup(tokens, hashes, prompt.hit_limit);
-        let reviving = hits.iter().filter(|&&b| st.cache.is_evictable(b)).count();
-        let fresh = needed - hits.len();
-        let available = st.pool.num_free(&st.cache) - reviving;
-        if fresh > available {
+        let (hits, check) = self.check_admit(st, tokens, prompt);
+        if !check.fits() {
             return Err(Error::OutOfBlocks {
-                needed: fresh,
-                available,
+                needed: check.new_blocks,
+                available: check.available_blocks,
             });
         }
+        let fresh = check.new_blocks;
 
         let retention = st.cache.policy.on_request(hashes, hits.len());
         let mut blocks = Vec::with_capacity(needed);
@@ -249,6 +250,37 @@ impl BlockManager {
         Ok(admission)
     }
 
+    /// The hits of `prompt` and what admitting it takes now, changing nothing.
+    fn check_admit(
+        &self,
+        st: &State,
+        tokens: &[TokenId],
+        prompt: &Prompt,
+    ) -> (Vec<BlockId>, AdmitCheck) {
+        let hits = self
+            .prefixes
+            .lookup(tokens, &prompt.hashes, prompt.hit_limit);
+        let reviving = hits.iter().filter(|&&b| st.cache.is_evictable(b)).count();
+        let check = AdmitCheck {
+            num_cached_tokens: hits.len() * self.config.block_size,
+            new_blocks: prompt.needed - hits.len(),
+            available_blocks: st.pool.num_free(&st.cache) - reviving,
+        };
+        (hits, check)
+    }
+
+    /// What [`BlockManager::admit`] of `tokens` with `opts` would take now
+    /// (hit tokens, blocks to allocate, blocks available), without admitting
+    /// anything, taking references or telling the policy: a dry run. Fails
+    /// as `admit` does for input it refuses ([`Error::EmptyInput`],
+    /// [`Error::RequestTooLarge`]); [`AdmitCheck::fits`] says whether it
+    /// would fail with [`Error::OutOfBlocks`].
+    pub fn would_admit(&self, tokens: &[TokenId], opts: &AdmitOptions) -> Result<AdmitCheck> {
+        let prompt = self.prepare(tokens, opts)?;
+        let st = self.state.lock();
+        Ok(self.check_admit(&st, tokens, &prompt).1)
+    }
+
     /// Longest cached prefix of `tokens` under `keys`, without admitting
     /// anything or taking references: the blocks may be evicted right after.
     pub fn match_prefix(&self, tokens: &[TokenId], keys: &ExtraKeys) -> PrefixMatch {
@@ -269,23 +301,27 @@ impl BlockManager {
     /// is first copied to a fresh block (see [`AppendOutcome::copies`]).
     /// Blocks that become full (and computed) are hashed and shareable.
     pub fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<AppendOutcome> {
-        if tokens.is_empty() {
-            return Err(Error::EmptyInput("append needs at least one token"));
-        }
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
-        let new_len = request
-            .tokens
-            .len()
-            .checked_add(tokens.len())
-            .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))?;
-        let outcome = self.make_room(&mut st.pool, &mut st.cache, request, new_len)?;
+        self.append_to(&mut st.pool, &mut st.cache, request, tokens)
+    }
+
+    /// [`BlockManager::append`] of `tokens` to `request`, under the lock.
+    fn append_to(
+        &self,
+        pool: &mut Pool,
+        cache: &mut CacheState,
+        request: &mut Request,
+        tokens: &[TokenId],
+    ) -> Result<AppendOutcome> {
+        let new_len = appended_len(request, tokens)?;
+        let outcome = self.make_room(pool, cache, request, new_len)?;
         request.tokens.extend_from_slice(tokens);
         if !request.chunked {
             request.num_computed = new_len;
             let first = request.hashes.len();
-            self.index_blocks(&mut st.cache, request, first);
+            self.index_blocks(cache, request, first);
         }
         Ok(outcome)
     }
@@ -344,11 +380,16 @@ impl BlockManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let request = st.requests.remove(&id).ok_or(Error::UnknownRequest(id))?;
+        self.release_request(st, &request);
+        Ok(())
+    }
+
+    /// Releases the blocks of a request taken out of `st.requests`, tail first.
+    fn release_request(&self, st: &mut State, request: &Request) {
         for &b in request.blocks.iter().rev() {
             st.pool.release(&mut st.cache, b);
         }
         st.cache.stats.num_requests -= 1;
-        Ok(())
     }
 
     /// The block table of request `id`.
@@ -361,18 +402,32 @@ impl BlockManager {
     /// Slot numbers (`block_id * block_size + offset`) of positions `range`
     /// of request `id`; positions may reach into its reserved room.
     pub fn slot_mapping(&self, id: RequestId, range: Range<usize>) -> Result<Vec<i64>> {
-        let bs = self.config.block_size;
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
-        let room = request.blocks.len() * bs;
+        self.check_positions(request, &range)?;
+        Ok(self.slots(request, range).collect())
+    }
+
+    /// Fails unless `range` lies within `request`'s slots.
+    fn check_positions(&self, request: &Request, range: &Range<usize>) -> Result<()> {
+        let room = request.blocks.len() * self.config.block_size;
         if range.start > range.end || range.end > room {
             return Err(Error::InvalidArgument(format!(
                 "positions {range:?} outside the request's {room} slots"
             )));
         }
-        Ok(range
-            .map(|p| request.blocks[p / bs] as i64 * bs as i64 + (p % bs) as i64)
-            .collect())
+        Ok(())
+    }
+
+    /// The slots of positions `range` of `request` (checked by
+    /// [`BlockManager::check_positions`]).
+    fn slots<'a>(
+        &self,
+        request: &'a Request,
+        range: Range<usize>,
+    ) -> impl Iterator<Item = i64> + 'a {
+        let bs = self.config.block_size;
+        range.map(move |p| request.blocks[p / bs] as i64 * bs as i64 + (p % bs) as i64)
     }
 
     /// Tokens (prompt and appended) of request `id`.
@@ -384,6 +439,26 @@ impl BlockManager {
             .ok_or(Error::UnknownRequest(id))?
             .tokens
             .len())
+    }
+
+    /// Tokens of request `id` whose KV is written: its length without
+    /// `chunked_prefill`, else what [`BlockManager::commit`] reported last
+    /// (at least its cached prefix).
+    pub fn num_computed_tokens(&self, id: RequestId) -> Result<usize> {
+        let st = self.state.lock();
+        Ok(st
+            .requests
+            .get(&id)
+            .ok_or(Error::UnknownRequest(id))?
+            .num_computed)
+    }
+
+    /// Tokens request `id` can take before it needs a new block: the room
+    /// left in its table (its partial tail and reserved blocks).
+    pub fn capacity(&self, id: RequestId) -> Result<usize> {
+        let st = self.state.lock();
+        let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
+        Ok(request.blocks.len() * self.config.block_size - request.tokens.len())
     }
 
     /// Grows request `id`'s table so it has room for `total_slots` token
@@ -418,18 +493,11 @@ impl BlockManager {
         request: &mut Request,
         slots: usize,
     ) -> Result<AppendOutcome> {
-        let bs = self.config.block_size;
-        let needed = self.blocks_for(slots);
-        if needed > self.config.num_blocks {
-            return Err(Error::RequestTooLarge {
-                needed,
-                total: self.config.num_blocks,
-            });
-        }
-        let len = request.tokens.len();
-        let grow = needed.saturating_sub(request.blocks.len());
-        let tail = len / bs;
-        let cow = slots > len && len % bs != 0 && pool.ref_count(request.blocks[tail]) > 1;
+        let growth = self.growth(request, slots)?;
+        let grow = growth.grow;
+        let cow = growth
+            .written_tail
+            .is_some_and(|(_, b)| pool.ref_count(b) > 1);
         let fresh = grow + usize::from(cow);
         let available = pool.num_free(cache);
         if fresh > available {
@@ -439,13 +507,12 @@ impl BlockManager {
             });
         }
         let mut outcome = AppendOutcome::default();
-        if cow {
-            let src = request.blocks[tail];
+        if let Some((position, src)) = growth.written_tail.filter(|_| cow) {
             let dst = pool.allocate(&self.prefixes, cache);
             pool.release(cache, src);
-            request.blocks[tail] = dst;
+            request.blocks[position] = dst;
             cache.stats.cow_copies += 1;
-            outcome.copies.push(BlockCopy { src, dst });
+            outcome.copies.push(BlockCopy { src, dst, position });
         }
         for _ in 0..grow {
             let b = pool.allocate(&self.prefixes, cache);
@@ -453,6 +520,25 @@ impl BlockManager {
             outcome.new_block_ids.push(b);
         }
         Ok(outcome)
+    }
+
+    /// How `request`'s table grows to room for `slots` positions: fails
+    /// with [`Error::RequestTooLarge`] past the cache's size.
+    fn growth(&self, request: &Request, slots: usize) -> Result<Growth> {
+        let bs = self.config.block_size;
+        let needed = self.blocks_for(slots);
+        if needed > self.config.num_blocks {
+            return Err(Error::RequestTooLarge {
+                needed,
+                total: self.config.num_blocks,
+            });
+        }
+        let len = request.tokens.len();
+        let tail = len / bs;
+        Ok(Growth {
+            grow: needed.saturating_sub(request.blocks.len()),
+            written_tail: (slots > len && len % bs != 0).then(|| (tail, request.blocks[tail])),
+        })
     }
 
     /// Drops `blocks` from the prefix index (vLLM's `evict_blocks`: a KV
@@ -655,6 +741,28 @@ impl BlockManager {
             request.keys.adapter_name.as_ref(),
         );
     }
+}
+
+/// How a request's table grows ([`BlockManager::growth`]).
+#[derive(Debug, Clone, Copy)]
+struct Growth {
+    /// Blocks added to the end of the table.
+    grow: usize,
+    /// The partial tail (table position, block) that positions past the
+    /// tokens are written into: copied first when shared.
+    written_tail: Option<(usize, BlockId)>,
+}
+
+/// The length of `request` once `tokens` are appended.
+fn appended_len(request: &Request, tokens: &[TokenId]) -> Result<usize> {
+    if tokens.is_empty() {
+        return Err(Error::EmptyInput("append needs at least one token"));
+    }
+    request
+        .tokens
+        .len()
+        .checked_add(tokens.len())
+        .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))
 }
 
 /// (hash, block) pairs with the hashes shown as external ones.

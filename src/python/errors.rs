@@ -50,6 +50,7 @@ pub(crate) fn to_py_named(e: Error, name: &dyn Fn(RequestId) -> String) -> PyErr
         | Error::EmptyInput(_)
         | Error::InvalidArgument(_)
         | Error::InvalidBlock(_)
+        | Error::BatchBuffersTooSmall { .. }
         | Error::NotPinned => PyValueError::new_err(e.to_string()),
     }
 }
