@@ -51,7 +51,11 @@
  * Outcome of a call. Every value but `MLA_STATUS_OK` comes with a message
  * from `mla_last_error()`, and means the call changed nothing.
  */
-typedef enum MlaStatus {
+enum MlaStatus
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * Success.
      */
@@ -133,12 +137,23 @@ typedef enum MlaStatus {
      * mla_cache panicked; the message says where. The handle may be unusable.
      */
     MLA_STATUS_PANIC = 19,
-} MlaStatus;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaStatus MlaStatus;
+#else
+typedef int32_t MlaStatus;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * Storage format of one cached latent (byte layouts in docs/formats.md).
  */
-typedef enum MlaDtype {
+enum MlaDtype
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * 576 bf16 values: 1152 bytes for the DeepSeek geometry.
      */
@@ -152,12 +167,23 @@ typedef enum MlaDtype {
      * 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
      */
     MLA_DTYPE_MXFP6 = 2,
-} MlaDtype;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaDtype MlaDtype;
+#else
+typedef uint32_t MlaDtype;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * Which cached free blocks are evicted first.
  */
-typedef enum MlaEvictionPolicyKind {
+enum MlaEvictionPolicyKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * Least recently freed first (vLLM's order).
      */
@@ -174,12 +200,23 @@ typedef enum MlaEvictionPolicyKind {
      * ARC or residency, whichever hits more on sampled shadow caches.
      */
     MLA_EVICTION_POLICY_KIND_ADAPTIVE = 3,
-} MlaEvictionPolicyKind;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaEvictionPolicyKind MlaEvictionPolicyKind;
+#else
+typedef uint32_t MlaEvictionPolicyKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * How block hashes are computed.
  */
-typedef enum MlaBlockHashKind {
+enum MlaBlockHashKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * The library's own seeded xxh3 (default).
      */
@@ -192,12 +229,23 @@ typedef enum MlaBlockHashKind {
      * vLLM 0.33's `xxhash_cbor`.
      */
     MLA_BLOCK_HASH_KIND_XXHASH_CBOR = 2,
-} MlaBlockHashKind;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaBlockHashKind MlaBlockHashKind;
+#else
+typedef uint32_t MlaBlockHashKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * What an event reports.
  */
-typedef enum MlaEventKind {
+enum MlaEventKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * Consecutive blocks of one chain entered the prefix index.
      */
@@ -210,12 +258,23 @@ typedef enum MlaEventKind {
      * The whole prefix cache was reset.
      */
     MLA_EVENT_KIND_ALL_BLOCKS_CLEARED = 2,
-} MlaEventKind;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaEventKind MlaEventKind;
+#else
+typedef uint32_t MlaEventKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * Where a store keeps its latents.
  */
-typedef enum MlaDeviceKind {
+enum MlaDeviceKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * Host memory.
      */
@@ -224,12 +283,23 @@ typedef enum MlaDeviceKind {
      * A CUDA device (see `device_ordinal`).
      */
     MLA_DEVICE_KIND_CUDA = 1,
-} MlaDeviceKind;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaDeviceKind MlaDeviceKind;
+#else
+typedef uint32_t MlaDeviceKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * Element type of a tensor given to or filled by a store.
  */
-typedef enum MlaElemType {
+enum MlaElemType
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
     /**
      * bfloat16.
      */
@@ -242,7 +312,14 @@ typedef enum MlaElemType {
      * IEEE binary32.
      */
     MLA_ELEM_TYPE_F32 = 2,
-} MlaElemType;
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum MlaElemType MlaElemType;
+#else
+typedef uint32_t MlaElemType;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
 
 /**
  * A cache configuration under construction (opaque). Create it with
@@ -285,6 +362,68 @@ typedef struct MlaStore MlaStore;
 typedef struct MlaTieredCache MlaTieredCache;
 
 /**
+ * The engine's id for a request (sequence).
+ */
+typedef uint64_t MlaRequestId;
+
+/**
+ * A token id.
+ */
+typedef uint32_t MlaTokenId;
+
+/**
+ * Index of a physical block, `0 .. num_blocks`, the same in every layer.
+ */
+typedef uint32_t MlaBlockId;
+
+/**
+ * A block copy the engine must perform before writing new tokens
+ * (copy-on-write of a shared partial block).
+ */
+typedef struct MlaBlockCopy {
+    /**
+     * Block to copy from (still shared with other requests).
+     */
+    MlaBlockId src;
+    /**
+     * Fresh block that replaces `src` in the appending request's table.
+     */
+    MlaBlockId dst;
+    /**
+     * Where `dst` sits in that table (the index of its tail block).
+     */
+    size_t position;
+} MlaBlockCopy;
+
+/**
+ * A copy one request of a batch must perform before writing its tokens.
+ */
+typedef struct MlaBatchCopy {
+    /**
+     * The request's index in the batch.
+     */
+    size_t request_index;
+    /**
+     * The copy, with the table position of its fresh block.
+     */
+    struct MlaBlockCopy copy;
+} MlaBatchCopy;
+
+/**
+ * Positions `start .. end` of a request (for its slot mapping).
+ */
+typedef struct MlaPositionRange {
+    /**
+     * First position.
+     */
+    size_t start;
+    /**
+     * One past the last position.
+     */
+    size_t end;
+} MlaPositionRange;
+
+/**
  * Every field of a configuration, as read by `mla_config_get`.
  */
 typedef struct MlaConfigInfo {
@@ -311,11 +450,11 @@ typedef struct MlaConfigInfo {
     /**
      * Storage format.
      */
-    enum MlaDtype dtype;
+    MlaDtype dtype;
     /**
      * Order in which cached free blocks are evicted.
      */
-    enum MlaEvictionPolicyKind eviction;
+    MlaEvictionPolicyKind eviction;
     /**
      * Full blocks are shared between requests by prefix hash.
      */
@@ -351,7 +490,7 @@ typedef struct MlaConfigInfo {
     /**
      * How block hashes are computed.
      */
-    enum MlaBlockHashKind block_hash;
+    MlaBlockHashKind block_hash;
     /**
      * Most events waiting to be taken; more are dropped and counted.
      */
@@ -435,11 +574,6 @@ typedef struct MlaModelGeometry {
 } MlaModelGeometry;
 
 /**
- * A token id.
- */
-typedef uint32_t MlaTokenId;
-
-/**
  * One event, as read by `mla_event_list_get`. Its pointers belong to the
  * event list and stay valid until `mla_event_list_destroy`.
  */
@@ -447,7 +581,7 @@ typedef struct MlaEvent {
     /**
      * What happened; decides which fields are meaningful.
      */
-    enum MlaEventKind kind;
+    MlaEventKind kind;
     /**
      * External 64-bit hashes (the low 64 bits of the 128-bit chain hash)
      * of the stored or removed blocks, in chain order.
@@ -489,11 +623,6 @@ typedef struct MlaEvent {
 } MlaEvent;
 
 /**
- * The engine's id for a request (sequence).
- */
-typedef uint64_t MlaRequestId;
-
-/**
  * A multimodal input whose placeholder tokens occupy
  * `offset .. offset + length` of the prompt.
  */
@@ -521,6 +650,13 @@ typedef struct MlaExtraKeys {
      * LoRA adapter (or model variant) name, or NULL; enters every block.
      */
     const char *adapter;
+    /**
+     * The adapter's path, or NULL (`""`): part of vLLM's LoRA key under the
+     * vLLM-compatible hashes (`MLA_BLOCK_HASH_KIND_SHA256_CBOR`,
+     * `MLA_BLOCK_HASH_KIND_XXHASH_CBOR`), so that their hashes equal vLLM's;
+     * the library's own hash ignores it. Used only with `adapter`.
+     */
+    const char *adapter_path;
     /**
      * Cache salt for tenant isolation, or NULL; enters the first block (and so all).
      */
@@ -557,24 +693,26 @@ typedef struct MlaAdmitOptions {
 } MlaAdmitOptions;
 
 /**
- * Index of a physical block, `0 .. num_blocks`, the same in every layer.
+ * What admitting a prompt would take now (`mla_manager_would_admit`).
  */
-typedef uint32_t MlaBlockId;
-
-/**
- * A block copy the engine must perform before writing new tokens
- * (copy-on-write of a shared partial block).
- */
-typedef struct MlaBlockCopy {
+typedef struct MlaAdmitCheck {
     /**
-     * Block to copy from (still shared with other requests).
+     * Leading prompt tokens a hit would serve.
      */
-    MlaBlockId src;
+    size_t num_cached_tokens;
     /**
-     * Fresh block that replaces `src` in the appending request's table.
+     * Blocks the admission would allocate (beyond the hits).
      */
-    MlaBlockId dst;
-} MlaBlockCopy;
+    size_t new_blocks;
+    /**
+     * Blocks it could allocate now (free blocks minus the hits it would revive).
+     */
+    size_t available_blocks;
+    /**
+     * Whether the admission would succeed now (`new_blocks <= available_blocks`).
+     */
+    bool fits;
+} MlaAdmitCheck;
 
 /**
  * A snapshot of a manager's state and counters since creation.
@@ -792,7 +930,7 @@ typedef struct MlaLayerView {
     /**
      * Memory space of `data`.
      */
-    enum MlaDeviceKind device_kind;
+    MlaDeviceKind device_kind;
     /**
      * CUDA device ordinal (0 for host memory).
      */
@@ -800,7 +938,7 @@ typedef struct MlaLayerView {
     /**
      * Storage format.
      */
-    enum MlaDtype dtype;
+    MlaDtype dtype;
     /**
      * `[num_blocks, block_size, bytes_per_token]`.
      */
@@ -1019,6 +1157,110 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * Appends tokens to each of `num_requests` requests `ids` under one lock:
+ * `num_tokens[i]` tokens to request `ids[i]` (`num_tokens` NULL: one
+ * each, a decode step), taken in order from `tokens`, whose length is
+ * their sum. The outcome equals `mla_manager_append` of each request in
+ * turn; a copy one request makes can spare another (the last holder of a
+ * shared tail writes in place).
+ *
+ * Outputs: the ids of blocks added to each table, request after request, go
+ * to `new_block_ids` (`*num_new_block_ids` in all) and their count per
+ * request to `new_block_counts` (`num_requests` entries); copies to
+ * perform before writing go to `copies` (`*num_copies`), each naming its
+ * request's index in the batch and its table position; the slot of every
+ * appended token, request after request, goes to `slots` (`*num_slots`,
+ * the sum of the token counts).
+ *
+ * Capacities are checked before anything changes, against the most a
+ * batch can return: `sum(ceil(num_tokens[i] / block_size))` new ids,
+ * `num_requests * MLA_MAX_COPIES_PER_APPEND` copies and the token count in
+ * slots; below that the call fails with `MLA_STATUS_BUFFER_TOO_SMALL`,
+ * writing those to `*num_new_block_ids`, `*num_copies` and `*num_slots`.
+ *
+ * All or nothing: every request is checked and the blocks of the whole
+ * batch counted before anything changes. Failures
+ * (`MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_EMPTY_INPUT` for a count of
+ * 0, `MLA_STATUS_OUT_OF_BLOCKS` for the batch's total,
+ * `MLA_STATUS_REQUEST_TOO_LARGE`, `MLA_STATUS_INVALID_ARGUMENT` for a
+ * request given twice) change no request and leave every output untouched
+ * (but the three counts on `MLA_STATUS_BUFFER_TOO_SMALL`).
+ *
+ * # Safety
+ * `ids` must hold `num_requests` ids and `num_tokens` (unless NULL) as
+ * many counts; `tokens` their sum of ids; each output array must have room
+ * for its capacity (`new_block_counts` for `num_requests`); the counts
+ * must be valid for writes.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_manager_append_batch(struct MlaManager *manager,
+                                   const MlaRequestId *ids,
+                                   size_t num_requests,
+                                   const MlaTokenId *tokens,
+                                   const size_t *num_tokens,
+                                   MlaBlockId *new_block_ids,
+                                   size_t new_block_ids_cap,
+                                   size_t *new_block_counts,
+                                   size_t *num_new_block_ids,
+                                   struct MlaBatchCopy *copies,
+                                   size_t copies_cap,
+                                   size_t *num_copies,
+                                   int64_t *slots,
+                                   size_t slots_cap,
+                                   size_t *num_slots);
+
+/**
+ * Fills the block tables and slot mapping of a batch as attention kernels
+ * take them (FlashMLA, FlashInfer), under one lock: row `i` of
+ * `block_tables` (row-major `int32 [num_requests][max_blocks]`) gets the
+ * table of request `ids[i]`, padded with `pad`; `slots` gets the slots of
+ * positions `positions[i]` of each request in turn (`positions` NULL: no
+ * slots; `slots` may then be NULL). Requests may repeat.
+ *
+ * On success and on `MLA_STATUS_BUFFER_TOO_SMALL` (a table longer than
+ * `max_blocks`, or more slots than `slots_cap`), the sizes the batch needs
+ * are written: the longest table to `*required_max_blocks` and the slot
+ * count to `*num_slots`; on every failure the arrays are untouched. Other
+ * failures: `MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_INVALID_ARGUMENT`
+ * (a range outside its request's slots, block ids that do not fit
+ * `int32_t`).
+ *
+ * # Safety
+ * `ids` must hold `num_requests` ids and `positions` (unless NULL) as many
+ * ranges; `block_tables` must have room for `num_requests * max_blocks`
+ * values and `slots` for `slots_cap`; the sizes must be valid for writes.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_manager_fill_block_tables(const struct MlaManager *manager,
+                                        const MlaRequestId *ids,
+                                        size_t num_requests,
+                                        int32_t *block_tables,
+                                        size_t max_blocks,
+                                        int32_t pad,
+                                        const struct MlaPositionRange *positions,
+                                        int64_t *slots,
+                                        size_t slots_cap,
+                                        size_t *required_max_blocks,
+                                        size_t *num_slots);
+
+/**
+ * Frees the `num_requests` requests `ids` under one lock, as
+ * `mla_manager_free` of each in turn would. All or nothing: an unknown
+ * request (`MLA_STATUS_UNKNOWN_REQUEST`) or one given twice
+ * (`MLA_STATUS_INVALID_ARGUMENT`) frees none.
+ *
+ * # Safety
+ * `ids` must hold `num_requests` ids (may be NULL when 0).
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_manager_free_batch(struct MlaManager *manager,
+                                 const MlaRequestId *ids,
+                                 size_t num_requests);
+
+/**
  * Creates a configuration of `num_blocks` blocks with the DeepSeek latent
  * geometry (512 + 64), one layer, bf16, blocks of 64 tokens, prefix
  * caching on. Validation happens on use (`mla_config_validate`).
@@ -1028,7 +1270,7 @@ extern "C" {
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_create(size_t num_blocks, struct MlaConfig **out);
+MlaStatus mla_config_create(size_t num_blocks, struct MlaConfig **out);
 
 /**
  * Creates a configuration for a model preset (`"deepseek-v2"`,
@@ -1042,10 +1284,10 @@ enum MlaStatus mla_config_create(size_t num_blocks, struct MlaConfig **out);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_from_preset(const char *model,
-                                      size_t num_blocks,
-                                      uint32_t dtype,
-                                      struct MlaConfig **out);
+MlaStatus mla_config_from_preset(const char *model,
+                                 size_t num_blocks,
+                                 uint32_t dtype,
+                                 struct MlaConfig **out);
 
 /**
  * Destroys a configuration. Managers created from it are unaffected.
@@ -1055,71 +1297,71 @@ enum MlaStatus mla_config_from_preset(const char *model,
  *
  * Thread safety: must not race with other calls on the same handle.
  */
-enum MlaStatus mla_config_destroy(struct MlaConfig *config);
+MlaStatus mla_config_destroy(struct MlaConfig *config);
 
 /**
  * Sets the number of blocks. Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_num_blocks(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_num_blocks(struct MlaConfig *config, size_t value);
 
 /**
  * Sets the tokens per block (FlashMLA needs 64). Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_block_size(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_block_size(struct MlaConfig *config, size_t value);
 
 /**
  * Sets the number of cached layers. Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_num_layers(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_num_layers(struct MlaConfig *config, size_t value);
 
 /**
  * Sets the width of the compressed latent (512 for DeepSeek).
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_kv_lora_rank(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_kv_lora_rank(struct MlaConfig *config, size_t value);
 
 /**
  * Sets the width of the RoPE key (64 for DeepSeek). Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_rope_dim(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_rope_dim(struct MlaConfig *config, size_t value);
 
 /**
  * Sets the storage format (an `MlaDtype` value; others fail with
  * `MLA_STATUS_INVALID_CONFIG`). Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_dtype(struct MlaConfig *config, uint32_t dtype);
+MlaStatus mla_config_set_dtype(struct MlaConfig *config, uint32_t dtype);
 
 /**
  * Sets the eviction policy (an `MlaEvictionPolicyKind` value; others fail
  * with `MLA_STATUS_INVALID_CONFIG`). Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_eviction(struct MlaConfig *config, uint32_t policy);
+MlaStatus mla_config_set_eviction(struct MlaConfig *config, uint32_t policy);
 
 /**
  * Turns prefix caching (sharing of full blocks) on or off.
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_enable_prefix_caching(struct MlaConfig *config, bool value);
+MlaStatus mla_config_set_enable_prefix_caching(struct MlaConfig *config, bool value);
 
 /**
  * Sets the hash seed (`has_seed` true) or asks for a random one (false).
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_hash_seed(struct MlaConfig *config, bool has_seed, uint64_t seed);
+MlaStatus mla_config_set_hash_seed(struct MlaConfig *config, bool has_seed, uint64_t seed);
 
 /**
  * Compares token ids on every prefix hit (no collision risk at all).
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_verify_tokens(struct MlaConfig *config, bool value);
+MlaStatus mla_config_set_verify_tokens(struct MlaConfig *config, bool value);
 
 /**
  * Sets the pinned-block budget (`has_budget` true) or restores the default
  * of half the cache (false). Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_pin_budget_blocks(struct MlaConfig *config,
-                                                bool has_budget,
-                                                size_t blocks);
+MlaStatus mla_config_set_pin_budget_blocks(struct MlaConfig *config,
+                                           bool has_budget,
+                                           size_t blocks);
 
 /**
  * Sets how block hashes are computed (an `MlaBlockHashKind` value; others
@@ -1127,12 +1369,12 @@ enum MlaStatus mla_config_set_pin_budget_blocks(struct MlaConfig *config,
  * and `..._XXHASH_CBOR` give vLLM 0.33's hashes, `hash_seed` playing its
  * `PYTHONHASHSEED`. Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_block_hash(struct MlaConfig *config, uint32_t kind);
+MlaStatus mla_config_set_block_hash(struct MlaConfig *config, uint32_t kind);
 
 /**
  * Records events for `mla_manager_take_events`. Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_enable_events(struct MlaConfig *config, bool value);
+MlaStatus mla_config_set_enable_events(struct MlaConfig *config, bool value);
 
 /**
  * Sets the most events waiting to be taken (`mla_manager_take_events`,
@@ -1140,14 +1382,14 @@ enum MlaStatus mla_config_set_enable_events(struct MlaConfig *config, bool value
  * `events_dropped`. Must be positive (checked on validation).
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_max_pending_events(struct MlaConfig *config, size_t value);
+MlaStatus mla_config_set_max_pending_events(struct MlaConfig *config, size_t value);
 
 /**
  * Caps a prefix hit on admission at `len - 1` tokens (default true), so
  * the last prompt token is recomputed for its logits.
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_set_cap_hit_at_last_token(struct MlaConfig *config, bool value);
+MlaStatus mla_config_set_cap_hit_at_last_token(struct MlaConfig *config, bool value);
 
 /**
  * Reads every field (valid or not).
@@ -1157,14 +1399,14 @@ enum MlaStatus mla_config_set_cap_hit_at_last_token(struct MlaConfig *config, bo
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_get(const struct MlaConfig *config, struct MlaConfigInfo *out);
+MlaStatus mla_config_get(const struct MlaConfig *config, struct MlaConfigInfo *out);
 
 /**
  * Checks that the configuration describes a usable cache; the message of
  * `MLA_STATUS_INVALID_CONFIG` names the offending field.
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_validate(const struct MlaConfig *config);
+MlaStatus mla_config_validate(const struct MlaConfig *config);
 
 /**
  * Sizes derived from a valid configuration (fails like `mla_config_validate`).
@@ -1174,7 +1416,7 @@ enum MlaStatus mla_config_validate(const struct MlaConfig *config);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_sizes(const struct MlaConfig *config, struct MlaConfigSizes *out);
+MlaStatus mla_config_sizes(const struct MlaConfig *config, struct MlaConfigSizes *out);
 
 /**
  * How many blocks (all layers) of a valid configuration fit in `bytes`.
@@ -1184,9 +1426,7 @@ enum MlaStatus mla_config_sizes(const struct MlaConfig *config, struct MlaConfig
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_config_blocks_for_bytes(const struct MlaConfig *config,
-                                           uint64_t bytes,
-                                           size_t *out);
+MlaStatus mla_config_blocks_for_bytes(const struct MlaConfig *config, uint64_t bytes, size_t *out);
 
 /**
  * Parses a storage format name (`"bf16"`, `"fp8_ds_mla"`, `"fp8"`,
@@ -1197,7 +1437,7 @@ enum MlaStatus mla_config_blocks_for_bytes(const struct MlaConfig *config,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_dtype_from_name(const char *name, enum MlaDtype *out);
+MlaStatus mla_dtype_from_name(const char *name, MlaDtype *out);
 
 /**
  * The name of an `MlaDtype` (`"fp8_ds_mla"`), or NULL for another value.
@@ -1215,10 +1455,10 @@ const char *mla_dtype_name(uint32_t dtype);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_dtype_bytes_per_token(uint32_t dtype,
-                                         size_t kv_lora_rank,
-                                         size_t rope_dim,
-                                         size_t *out);
+MlaStatus mla_dtype_bytes_per_token(uint32_t dtype,
+                                    size_t kv_lora_rank,
+                                    size_t rope_dim,
+                                    size_t *out);
 
 /**
  * The published geometry of a model preset (names as for
@@ -1230,7 +1470,7 @@ enum MlaStatus mla_dtype_bytes_per_token(uint32_t dtype,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_model_geometry(const char *model, struct MlaModelGeometry *out);
+MlaStatus mla_model_geometry(const char *model, struct MlaModelGeometry *out);
 
 /**
  * Takes the events recorded since the last call (none unless the
@@ -1242,7 +1482,7 @@ enum MlaStatus mla_model_geometry(const char *model, struct MlaModelGeometry *ou
  *
  * Thread safety: thread-safe; each event goes to exactly one caller.
  */
-enum MlaStatus mla_manager_take_events(struct MlaManager *manager, struct MlaEventList **out);
+MlaStatus mla_manager_take_events(struct MlaManager *manager, struct MlaEventList **out);
 
 /**
  * Writes the number of events in the list.
@@ -1252,7 +1492,7 @@ enum MlaStatus mla_manager_take_events(struct MlaManager *manager, struct MlaEve
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_event_list_len(const struct MlaEventList *list, size_t *out);
+MlaStatus mla_event_list_len(const struct MlaEventList *list, size_t *out);
 
 /**
  * Reads event `index` (`MLA_STATUS_INVALID_ARGUMENT` past the end). The
@@ -1263,9 +1503,7 @@ enum MlaStatus mla_event_list_len(const struct MlaEventList *list, size_t *out);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_event_list_get(const struct MlaEventList *list,
-                                  size_t index,
-                                  struct MlaEvent *out);
+MlaStatus mla_event_list_get(const struct MlaEventList *list, size_t index, struct MlaEvent *out);
 
 /**
  * Destroys an event list and the data its events point to.
@@ -1275,7 +1513,7 @@ enum MlaStatus mla_event_list_get(const struct MlaEventList *list,
  *
  * Thread safety: must not race with other calls on the same list.
  */
-enum MlaStatus mla_event_list_destroy(struct MlaEventList *list);
+MlaStatus mla_event_list_destroy(struct MlaEventList *list);
 
 /**
  * Creates a block manager for a configuration (copied: the configuration
@@ -1287,7 +1525,7 @@ enum MlaStatus mla_event_list_destroy(struct MlaEventList *list);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_create(const struct MlaConfig *config, struct MlaManager **out);
+MlaStatus mla_manager_create(const struct MlaConfig *config, struct MlaManager **out);
 
 /**
  * Destroys a manager and every request and event it holds.
@@ -1298,7 +1536,7 @@ enum MlaStatus mla_manager_create(const struct MlaConfig *config, struct MlaMana
  * Thread safety: waits for calls in flight on this handle; calls made
  * after it fail with `MLA_STATUS_INVALID_HANDLE`.
  */
-enum MlaStatus mla_manager_destroy(struct MlaManager *manager);
+MlaStatus mla_manager_destroy(struct MlaManager *manager);
 
 /**
  * Reads the manager's configuration.
@@ -1308,7 +1546,7 @@ enum MlaStatus mla_manager_destroy(struct MlaManager *manager);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_get_config(const struct MlaManager *manager, struct MlaConfigInfo *out);
+MlaStatus mla_manager_get_config(const struct MlaManager *manager, struct MlaConfigInfo *out);
 
 /**
  * Admits request `id` with its prompt, reusing the longest cached prefix
@@ -1331,15 +1569,15 @@ enum MlaStatus mla_manager_get_config(const struct MlaManager *manager, struct M
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_admit(struct MlaManager *manager,
-                                 MlaRequestId id,
-                                 const MlaTokenId *tokens,
-                                 size_t num_tokens,
-                                 const struct MlaAdmitOptions *options,
-                                 MlaBlockId *block_ids,
-                                 size_t block_ids_cap,
-                                 size_t *num_block_ids,
-                                 size_t *num_cached_tokens);
+MlaStatus mla_manager_admit(struct MlaManager *manager,
+                            MlaRequestId id,
+                            const MlaTokenId *tokens,
+                            size_t num_tokens,
+                            const struct MlaAdmitOptions *options,
+                            MlaBlockId *block_ids,
+                            size_t block_ids_cap,
+                            size_t *num_block_ids,
+                            size_t *num_cached_tokens);
 
 /**
  * Finds the longest run of cached full blocks at the start of `tokens`
@@ -1354,14 +1592,14 @@ enum MlaStatus mla_manager_admit(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_match_prefix(const struct MlaManager *manager,
-                                        const MlaTokenId *tokens,
-                                        size_t num_tokens,
-                                        const struct MlaExtraKeys *keys,
-                                        MlaBlockId *block_ids,
-                                        size_t block_ids_cap,
-                                        size_t *num_block_ids,
-                                        size_t *num_cached_tokens);
+MlaStatus mla_manager_match_prefix(const struct MlaManager *manager,
+                                   const MlaTokenId *tokens,
+                                   size_t num_tokens,
+                                   const struct MlaExtraKeys *keys,
+                                   MlaBlockId *block_ids,
+                                   size_t block_ids_cap,
+                                   size_t *num_block_ids,
+                                   size_t *num_cached_tokens);
 
 /**
  * Appends generated `tokens` to request `id`. Fills the reserved room
@@ -1384,16 +1622,16 @@ enum MlaStatus mla_manager_match_prefix(const struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_append(struct MlaManager *manager,
-                                  MlaRequestId id,
-                                  const MlaTokenId *tokens,
-                                  size_t num_tokens,
-                                  MlaBlockId *new_block_ids,
-                                  size_t new_block_ids_cap,
-                                  size_t *num_new_block_ids,
-                                  struct MlaBlockCopy *copies,
-                                  size_t copies_cap,
-                                  size_t *num_copies);
+MlaStatus mla_manager_append(struct MlaManager *manager,
+                             MlaRequestId id,
+                             const MlaTokenId *tokens,
+                             size_t num_tokens,
+                             MlaBlockId *new_block_ids,
+                             size_t new_block_ids_cap,
+                             size_t *num_new_block_ids,
+                             struct MlaBlockCopy *copies,
+                             size_t copies_cap,
+                             size_t *num_copies);
 
 /**
  * Grows the block table of request `id` so it has room for `total_slots`
@@ -1421,15 +1659,15 @@ enum MlaStatus mla_manager_append(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_reserve(struct MlaManager *manager,
-                                   MlaRequestId id,
-                                   size_t total_slots,
-                                   MlaBlockId *new_block_ids,
-                                   size_t new_block_ids_cap,
-                                   size_t *num_new_block_ids,
-                                   struct MlaBlockCopy *copies,
-                                   size_t copies_cap,
-                                   size_t *num_copies);
+MlaStatus mla_manager_reserve(struct MlaManager *manager,
+                              MlaRequestId id,
+                              size_t total_slots,
+                              MlaBlockId *new_block_ids,
+                              size_t new_block_ids_cap,
+                              size_t *num_new_block_ids,
+                              struct MlaBlockCopy *copies,
+                              size_t copies_cap,
+                              size_t *num_copies);
 
 /**
  * Reports that the first `num_computed_tokens` tokens of request `id` have
@@ -1439,9 +1677,9 @@ enum MlaStatus mla_manager_reserve(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_commit(struct MlaManager *manager,
-                                  MlaRequestId id,
-                                  size_t num_computed_tokens);
+MlaStatus mla_manager_commit(struct MlaManager *manager,
+                             MlaRequestId id,
+                             size_t num_computed_tokens);
 
 /**
  * Creates request `child` sharing every block of `parent` that holds
@@ -1450,9 +1688,7 @@ enum MlaStatus mla_manager_commit(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_fork(struct MlaManager *manager,
-                                MlaRequestId parent,
-                                MlaRequestId child);
+MlaStatus mla_manager_fork(struct MlaManager *manager, MlaRequestId parent, MlaRequestId child);
 
 /**
  * Frees request `id`; its blocks are released tail first (deepest blocks
@@ -1461,7 +1697,7 @@ enum MlaStatus mla_manager_fork(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_free(struct MlaManager *manager, MlaRequestId id);
+MlaStatus mla_manager_free(struct MlaManager *manager, MlaRequestId id);
 
 /**
  * Writes the block table of request `id` and its length. Too small a
@@ -1473,11 +1709,11 @@ enum MlaStatus mla_manager_free(struct MlaManager *manager, MlaRequestId id);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_block_table(const struct MlaManager *manager,
-                                       MlaRequestId id,
-                                       MlaBlockId *block_ids,
-                                       size_t block_ids_cap,
-                                       size_t *num_block_ids);
+MlaStatus mla_manager_block_table(const struct MlaManager *manager,
+                                  MlaRequestId id,
+                                  MlaBlockId *block_ids,
+                                  size_t block_ids_cap,
+                                  size_t *num_block_ids);
 
 /**
  * Writes the slot numbers (`block_id * block_size + offset`) of positions
@@ -1492,13 +1728,13 @@ enum MlaStatus mla_manager_block_table(const struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_slot_mapping(const struct MlaManager *manager,
-                                        MlaRequestId id,
-                                        size_t start,
-                                        size_t end,
-                                        int64_t *slots,
-                                        size_t slots_cap,
-                                        size_t *num_slots);
+MlaStatus mla_manager_slot_mapping(const struct MlaManager *manager,
+                                   MlaRequestId id,
+                                   size_t start,
+                                   size_t end,
+                                   int64_t *slots,
+                                   size_t slots_cap,
+                                   size_t *num_slots);
 
 /**
  * Writes the number of tokens (prompt and appended) of request `id`.
@@ -1508,9 +1744,55 @@ enum MlaStatus mla_manager_slot_mapping(const struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_num_tokens(const struct MlaManager *manager,
-                                      MlaRequestId id,
-                                      size_t *out);
+MlaStatus mla_manager_num_tokens(const struct MlaManager *manager, MlaRequestId id, size_t *out);
+
+/**
+ * Writes the number of tokens of request `id` whose KV is written: its
+ * length without `chunked_prefill`, else what `mla_manager_commit` reported
+ * last (at least its cached prefix). `*out` is untouched on failure.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_manager_num_computed_tokens(const struct MlaManager *manager,
+                                          MlaRequestId id,
+                                          size_t *out);
+
+/**
+ * Writes how many tokens request `id` can take before it needs a new
+ * block: the room left in its table (partial tail and reserved blocks).
+ * `*out` is untouched on failure.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_manager_capacity(const struct MlaManager *manager, MlaRequestId id, size_t *out);
+
+/**
+ * A dry run of `mla_manager_admit`: writes what admitting `tokens` with
+ * `options` (NULL: defaults) would take now (hit tokens, blocks to
+ * allocate, blocks available, whether it fits), without admitting
+ * anything, taking references or telling the eviction policy. Fails as
+ * admission does for input it refuses (`MLA_STATUS_EMPTY_INPUT`,
+ * `MLA_STATUS_REQUEST_TOO_LARGE`); `out->fits` says whether it would fail
+ * with `MLA_STATUS_OUT_OF_BLOCKS`. `*out` is untouched on failure.
+ *
+ * # Safety
+ * `tokens` must hold `num_tokens` ids; `options` must be NULL or valid;
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe (another thread's calls may change the
+ * answer right after).
+ */
+MlaStatus mla_manager_would_admit(const struct MlaManager *manager,
+                                  const MlaTokenId *tokens,
+                                  size_t num_tokens,
+                                  const struct MlaAdmitOptions *options,
+                                  struct MlaAdmitCheck *out);
 
 /**
  * Pins the cached full blocks of the prefix `tokens` under `keys` (NULL
@@ -1524,11 +1806,11 @@ enum MlaStatus mla_manager_num_tokens(const struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_pin(struct MlaManager *manager,
-                               const MlaTokenId *tokens,
-                               size_t num_tokens,
-                               const struct MlaExtraKeys *keys,
-                               size_t *pinned_tokens);
+MlaStatus mla_manager_pin(struct MlaManager *manager,
+                          const MlaTokenId *tokens,
+                          size_t num_tokens,
+                          const struct MlaExtraKeys *keys,
+                          size_t *pinned_tokens);
 
 /**
  * Releases one pin of the prefix `tokens` under `keys` (NULL for none):
@@ -1541,11 +1823,11 @@ enum MlaStatus mla_manager_pin(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_unpin(struct MlaManager *manager,
-                                 const MlaTokenId *tokens,
-                                 size_t num_tokens,
-                                 const struct MlaExtraKeys *keys,
-                                 size_t *unpinned_tokens);
+MlaStatus mla_manager_unpin(struct MlaManager *manager,
+                            const MlaTokenId *tokens,
+                            size_t num_tokens,
+                            const struct MlaExtraKeys *keys,
+                            size_t *unpinned_tokens);
 
 /**
  * A snapshot of the manager's gauges and counters
@@ -1556,7 +1838,7 @@ enum MlaStatus mla_manager_unpin(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_stats(const struct MlaManager *manager, struct MlaCacheStats *out);
+MlaStatus mla_manager_stats(const struct MlaManager *manager, struct MlaCacheStats *out);
 
 /**
  * Writes the number of blocks no request holds.
@@ -1566,7 +1848,7 @@ enum MlaStatus mla_manager_stats(const struct MlaManager *manager, struct MlaCac
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_num_free_blocks(const struct MlaManager *manager, size_t *out);
+MlaStatus mla_manager_num_free_blocks(const struct MlaManager *manager, size_t *out);
 
 /**
  * Writes the fraction of blocks in use, `0.0 ..= 1.0`.
@@ -1576,7 +1858,7 @@ enum MlaStatus mla_manager_num_free_blocks(const struct MlaManager *manager, siz
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_usage(const struct MlaManager *manager, double *out);
+MlaStatus mla_manager_usage(const struct MlaManager *manager, double *out);
 
 /**
  * Drops every cached block from the prefix index. Refused with
@@ -1584,7 +1866,7 @@ enum MlaStatus mla_manager_usage(const struct MlaManager *manager, double *out);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_reset_prefix_cache(struct MlaManager *manager);
+MlaStatus mla_manager_reset_prefix_cache(struct MlaManager *manager);
 
 /**
  * Drops the `num_block_ids` blocks `block_ids` from the prefix index
@@ -1603,10 +1885,10 @@ enum MlaStatus mla_manager_reset_prefix_cache(struct MlaManager *manager);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_evict_blocks(struct MlaManager *manager,
-                                        const MlaBlockId *block_ids,
-                                        size_t num_block_ids,
-                                        size_t *num_removed);
+MlaStatus mla_manager_evict_blocks(struct MlaManager *manager,
+                                   const MlaBlockId *block_ids,
+                                   size_t num_block_ids,
+                                   size_t *num_removed);
 
 /**
  * Evicts up to `num_blocks` free cached blocks, chosen as allocation
@@ -1620,9 +1902,7 @@ enum MlaStatus mla_manager_evict_blocks(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_evict(struct MlaManager *manager,
-                                 size_t num_blocks,
-                                 size_t *num_evicted);
+MlaStatus mla_manager_evict(struct MlaManager *manager, size_t num_blocks, size_t *num_evicted);
 
 /**
  * Checks every bookkeeping invariant of the manager (for tests): returns
@@ -1631,7 +1911,7 @@ enum MlaStatus mla_manager_evict(struct MlaManager *manager,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_manager_check_invariants(const struct MlaManager *manager);
+MlaStatus mla_manager_check_invariants(const struct MlaManager *manager);
 
 /**
  * Opens the publisher's sockets and starts its thread; a bad setting or an
@@ -1643,8 +1923,8 @@ enum MlaStatus mla_manager_check_invariants(const struct MlaManager *manager);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_create(const struct MlaPublisherOptions *options,
-                                    struct MlaPublisher **out);
+MlaStatus mla_publisher_create(const struct MlaPublisherOptions *options,
+                               struct MlaPublisher **out);
 
 /**
  * Takes the manager's recorded events and queues them for publishing,
@@ -1656,9 +1936,9 @@ enum MlaStatus mla_publisher_create(const struct MlaPublisherOptions *options,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_publish(const struct MlaPublisher *publisher,
-                                     const struct MlaManager *manager,
-                                     size_t *accepted);
+MlaStatus mla_publisher_publish(const struct MlaPublisher *publisher,
+                                const struct MlaManager *manager,
+                                size_t *accepted);
 
 /**
  * Takes every tier's events from a tiered cache and queues them for
@@ -1670,9 +1950,9 @@ enum MlaStatus mla_publisher_publish(const struct MlaPublisher *publisher,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_publish_tiered(const struct MlaPublisher *publisher,
-                                            const struct MlaTieredCache *cache,
-                                            size_t *accepted);
+MlaStatus mla_publisher_publish_tiered(const struct MlaPublisher *publisher,
+                                       const struct MlaTieredCache *cache,
+                                       size_t *accepted);
 
 /**
  * Sends the queued events now and waits at most `timeout_ms` for them to
@@ -1683,9 +1963,9 @@ enum MlaStatus mla_publisher_publish_tiered(const struct MlaPublisher *publisher
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_flush(const struct MlaPublisher *publisher,
-                                   uint64_t timeout_ms,
-                                   bool *sent);
+MlaStatus mla_publisher_flush(const struct MlaPublisher *publisher,
+                              uint64_t timeout_ms,
+                              bool *sent);
 
 /**
  * Reads the publisher's counters.
@@ -1695,8 +1975,7 @@ enum MlaStatus mla_publisher_flush(const struct MlaPublisher *publisher,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_stats(const struct MlaPublisher *publisher,
-                                   struct MlaPublisherStats *out);
+MlaStatus mla_publisher_stats(const struct MlaPublisher *publisher, struct MlaPublisherStats *out);
 
 /**
  * Writes the PUB endpoint in use (with the port the OS chose for port 0);
@@ -1707,7 +1986,7 @@ enum MlaStatus mla_publisher_stats(const struct MlaPublisher *publisher,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_publisher_endpoint(const struct MlaPublisher *publisher, const char **out);
+MlaStatus mla_publisher_endpoint(const struct MlaPublisher *publisher, const char **out);
 
 /**
  * Sends what is queued, closes the sockets, stops the thread and destroys
@@ -1718,7 +1997,7 @@ enum MlaStatus mla_publisher_endpoint(const struct MlaPublisher *publisher, cons
  *
  * Thread safety: waits for calls in flight on this handle.
  */
-enum MlaStatus mla_publisher_destroy(struct MlaPublisher *publisher);
+MlaStatus mla_publisher_destroy(struct MlaPublisher *publisher);
 
 /**
  * Message of the last failing call on the calling thread ("" if none).
@@ -1757,9 +2036,9 @@ const char *mla_version(void);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_create_host(const struct MlaConfig *config,
-                                     bool huge_pages,
-                                     struct MlaStore **out);
+MlaStatus mla_store_create_host(const struct MlaConfig *config,
+                                bool huge_pages,
+                                struct MlaStore **out);
 
 /**
  * Creates a zeroed store in the memory of CUDA device `device_ordinal`;
@@ -1779,9 +2058,9 @@ enum MlaStatus mla_store_create_host(const struct MlaConfig *config,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_create_cuda(const struct MlaConfig *config,
-                                     size_t device_ordinal,
-                                     struct MlaStore **out);
+MlaStatus mla_store_create_cuda(const struct MlaConfig *config,
+                                size_t device_ordinal,
+                                struct MlaStore **out);
 
 /**
  * Destroys a store and frees its memory (views into it become invalid).
@@ -1792,7 +2071,7 @@ enum MlaStatus mla_store_create_cuda(const struct MlaConfig *config,
  * Thread safety: waits for calls in flight on this handle; calls made
  * after it fail with `MLA_STATUS_INVALID_HANDLE`.
  */
-enum MlaStatus mla_store_destroy(struct MlaStore *store);
+MlaStatus mla_store_destroy(struct MlaStore *store);
 
 /**
  * Reads the store's configuration.
@@ -1802,7 +2081,7 @@ enum MlaStatus mla_store_destroy(struct MlaStore *store);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_get_config(const struct MlaStore *store, struct MlaConfigInfo *out);
+MlaStatus mla_store_get_config(const struct MlaStore *store, struct MlaConfigInfo *out);
 
 /**
  * Quantizes and stores `num_slots` tokens of layer `layer`: row `t` of
@@ -1820,13 +2099,13 @@ enum MlaStatus mla_store_get_config(const struct MlaStore *store, struct MlaConf
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_write(const struct MlaStore *store,
-                               size_t layer,
-                               const struct MlaMatrix *c_kv,
-                               const struct MlaMatrix *k_pe,
-                               const int64_t *slot_mapping,
-                               size_t num_slots,
-                               void *stream);
+MlaStatus mla_store_write(const struct MlaStore *store,
+                          size_t layer,
+                          const struct MlaMatrix *c_kv,
+                          const struct MlaMatrix *k_pe,
+                          const int64_t *slot_mapping,
+                          size_t num_slots,
+                          void *stream);
 
 /**
  * Decodes the first `out->rows` tokens of a sequence from layer `layer`
@@ -1842,12 +2121,12 @@ enum MlaStatus mla_store_write(const struct MlaStore *store,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_gather(const struct MlaStore *store,
-                                size_t layer,
-                                const MlaBlockId *block_table,
-                                size_t num_block_ids,
-                                const struct MlaMatrix *out,
-                                void *stream);
+MlaStatus mla_store_gather(const struct MlaStore *store,
+                           size_t layer,
+                           const MlaBlockId *block_table,
+                           size_t num_block_ids,
+                           const struct MlaMatrix *out,
+                           void *stream);
 
 /**
  * Performs the block copies returned by `mla_manager_append`, in every
@@ -1861,10 +2140,10 @@ enum MlaStatus mla_store_gather(const struct MlaStore *store,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
-                                     const struct MlaBlockCopy *copies,
-                                     size_t num_copies,
-                                     void *stream);
+MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
+                                const struct MlaBlockCopy *copies,
+                                size_t num_copies,
+                                void *stream);
 
 /**
  * Describes the raw memory of layer `layer`, for kernels that read the
@@ -1875,9 +2154,9 @@ enum MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_store_layer_view(const struct MlaStore *store,
-                                    size_t layer,
-                                    struct MlaLayerView *out);
+MlaStatus mla_store_layer_view(const struct MlaStore *store,
+                               size_t layer,
+                               struct MlaLayerView *out);
 
 /**
  * Takes every tier's events recorded since the last call (none unless the
@@ -1889,7 +2168,7 @@ enum MlaStatus mla_store_layer_view(const struct MlaStore *store,
  *
  * Thread safety: thread-safe; each event goes to exactly one caller.
  */
-enum MlaStatus mla_tiered_take_events(struct MlaTieredCache *cache, struct MlaEventList **out);
+MlaStatus mla_tiered_take_events(struct MlaTieredCache *cache, struct MlaEventList **out);
 
 /**
  * Creates a tiered cache: a block manager for `config` (copied) over
@@ -1908,10 +2187,10 @@ enum MlaStatus mla_tiered_take_events(struct MlaTieredCache *cache, struct MlaEv
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_create(const struct MlaConfig *config,
-                                 const struct MlaStore *store,
-                                 const struct MlaTierOptions *options,
-                                 struct MlaTieredCache **out);
+MlaStatus mla_tiered_create(const struct MlaConfig *config,
+                            const struct MlaStore *store,
+                            const struct MlaTierOptions *options,
+                            struct MlaTieredCache **out);
 
 /**
  * Destroys a tiered cache (its remote tier's queued writes are dropped).
@@ -1921,7 +2200,7 @@ enum MlaStatus mla_tiered_create(const struct MlaConfig *config,
  *
  * Thread safety: waits for calls in flight on this handle.
  */
-enum MlaStatus mla_tiered_destroy(struct MlaTieredCache *cache);
+MlaStatus mla_tiered_destroy(struct MlaTieredCache *cache);
 
 /**
  * Admits request `id` like `mla_manager_admit`, then loads the
@@ -1935,16 +2214,16 @@ enum MlaStatus mla_tiered_destroy(struct MlaTieredCache *cache);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_admit(struct MlaTieredCache *cache,
-                                MlaRequestId id,
-                                const MlaTokenId *tokens,
-                                size_t num_tokens,
-                                const struct MlaAdmitOptions *options,
-                                MlaBlockId *block_ids,
-                                size_t block_ids_cap,
-                                size_t *num_block_ids,
-                                size_t *num_cached_tokens,
-                                struct MlaTierHits *hits);
+MlaStatus mla_tiered_admit(struct MlaTieredCache *cache,
+                           MlaRequestId id,
+                           const MlaTokenId *tokens,
+                           size_t num_tokens,
+                           const struct MlaAdmitOptions *options,
+                           MlaBlockId *block_ids,
+                           size_t block_ids_cap,
+                           size_t *num_block_ids,
+                           size_t *num_cached_tokens,
+                           struct MlaTierHits *hits);
 
 /**
  * Where the longest cached prefix of `tokens` under `keys` (NULL: none)
@@ -1957,11 +2236,11 @@ enum MlaStatus mla_tiered_admit(struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_lookup(const struct MlaTieredCache *cache,
-                                 const MlaTokenId *tokens,
-                                 size_t num_tokens,
-                                 const struct MlaExtraKeys *keys,
-                                 struct MlaTierHits *hits);
+MlaStatus mla_tiered_lookup(const struct MlaTieredCache *cache,
+                            const MlaTokenId *tokens,
+                            size_t num_tokens,
+                            const struct MlaExtraKeys *keys,
+                            struct MlaTierHits *hits);
 
 /**
  * Appends generated tokens like `mla_manager_append` (same buffers and
@@ -1972,16 +2251,16 @@ enum MlaStatus mla_tiered_lookup(const struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_append(struct MlaTieredCache *cache,
-                                 MlaRequestId id,
-                                 const MlaTokenId *tokens,
-                                 size_t num_tokens,
-                                 MlaBlockId *new_block_ids,
-                                 size_t new_block_ids_cap,
-                                 size_t *num_new_block_ids,
-                                 struct MlaBlockCopy *copies,
-                                 size_t copies_cap,
-                                 size_t *num_copies);
+MlaStatus mla_tiered_append(struct MlaTieredCache *cache,
+                            MlaRequestId id,
+                            const MlaTokenId *tokens,
+                            size_t num_tokens,
+                            MlaBlockId *new_block_ids,
+                            size_t new_block_ids_cap,
+                            size_t *num_new_block_ids,
+                            struct MlaBlockCopy *copies,
+                            size_t copies_cap,
+                            size_t *num_copies);
 
 /**
  * Reports that the first `num_computed_tokens` tokens of request `id`
@@ -1990,9 +2269,9 @@ enum MlaStatus mla_tiered_append(struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_commit(struct MlaTieredCache *cache,
-                                 MlaRequestId id,
-                                 size_t num_computed_tokens);
+MlaStatus mla_tiered_commit(struct MlaTieredCache *cache,
+                            MlaRequestId id,
+                            size_t num_computed_tokens);
 
 /**
  * Creates request `child` sharing the blocks of `parent`, like
@@ -2000,9 +2279,7 @@ enum MlaStatus mla_tiered_commit(struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_fork(struct MlaTieredCache *cache,
-                               MlaRequestId parent,
-                               MlaRequestId child);
+MlaStatus mla_tiered_fork(struct MlaTieredCache *cache, MlaRequestId parent, MlaRequestId child);
 
 /**
  * Frees request `id` like `mla_manager_free`; an unchunked request's
@@ -2010,7 +2287,7 @@ enum MlaStatus mla_tiered_fork(struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_free(struct MlaTieredCache *cache, MlaRequestId id);
+MlaStatus mla_tiered_free(struct MlaTieredCache *cache, MlaRequestId id);
 
 /**
  * Writes the block table of request `id` and its length, like
@@ -2022,11 +2299,11 @@ enum MlaStatus mla_tiered_free(struct MlaTieredCache *cache, MlaRequestId id);
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_block_table(const struct MlaTieredCache *cache,
-                                      MlaRequestId id,
-                                      MlaBlockId *block_ids,
-                                      size_t block_ids_cap,
-                                      size_t *num_block_ids);
+MlaStatus mla_tiered_block_table(const struct MlaTieredCache *cache,
+                                 MlaRequestId id,
+                                 MlaBlockId *block_ids,
+                                 size_t block_ids_cap,
+                                 size_t *num_block_ids);
 
 /**
  * Writes the slot numbers of positions `start .. end` of request `id`,
@@ -2038,13 +2315,13 @@ enum MlaStatus mla_tiered_block_table(const struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_slot_mapping(const struct MlaTieredCache *cache,
-                                       MlaRequestId id,
-                                       size_t start,
-                                       size_t end,
-                                       int64_t *slots,
-                                       size_t slots_cap,
-                                       size_t *num_slots);
+MlaStatus mla_tiered_slot_mapping(const struct MlaTieredCache *cache,
+                                  MlaRequestId id,
+                                  size_t start,
+                                  size_t end,
+                                  int64_t *slots,
+                                  size_t slots_cap,
+                                  size_t *num_slots);
 
 /**
  * A snapshot of the tiered cache's counters and its tiers'.
@@ -2054,7 +2331,7 @@ enum MlaStatus mla_tiered_slot_mapping(const struct MlaTieredCache *cache,
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_stats(const struct MlaTieredCache *cache, struct MlaTierStats *out);
+MlaStatus mla_tiered_stats(const struct MlaTieredCache *cache, struct MlaTierStats *out);
 
 /**
  * Waits up to `timeout_ms` until the remote tier has run every write
@@ -2065,9 +2342,9 @@ enum MlaStatus mla_tiered_stats(const struct MlaTieredCache *cache, struct MlaTi
  *
  * Thread safety: thread-safe.
  */
-enum MlaStatus mla_tiered_flush_remote(const struct MlaTieredCache *cache,
-                                       uint64_t timeout_ms,
-                                       bool *done);
+MlaStatus mla_tiered_flush_remote(const struct MlaTieredCache *cache,
+                                  uint64_t timeout_ms,
+                                  bool *done);
 
 #ifdef __cplusplus
 }  // extern "C"

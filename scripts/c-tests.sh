@@ -48,6 +48,7 @@ shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
 static=(-Iinclude "$lib/libmla_cache.a" "${static_deps[@]}" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_abi.c "${shared[@]}" -o "$out/test_abi"
+gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_batch.c "${shared[@]}" -o "$out/test_batch"
 g++ -std=c++17 -pthread "${warn[@]}" tests/c/test_threads.cpp "${shared[@]}" -o "$out/test_threads"
 g++ -std=c++17 -pedantic "${warn[@]}" examples/cpp/example.cpp "${static[@]}" -o "$out/example"
 
@@ -59,6 +60,7 @@ if [[ $valgrind == 1 ]]; then
 fi
 
 "${run[@]}" "$out/test_abi"
+"${run[@]}" "$out/test_batch"
 "${run[@]}" "$out/test_threads"
 "${run[@]}" "$out/example" >/dev/null
 echo "example: passed"

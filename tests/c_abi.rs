@@ -1,6 +1,7 @@
 //! Builds the C and C++ programs under `tests/c/` and `examples/cpp/`
 //! against the library cargo built for this test run, and runs them:
 //! - `test_abi.c`: every function and error status, linked to the shared library;
+//! - `test_batch.c`: the batched calls, the request queries, the enums' widths;
 //! - `test_threads.cpp`: 8 threads of random operations on one manager;
 //! - `examples/cpp/example.cpp`: linked to the static library.
 
@@ -100,6 +101,19 @@ fn c_program_exercises_every_function_and_status() {
     let out = run(&mut Command::new(&exe), "test_abi");
     let summary = out.lines().last().unwrap_or_default();
     assert!(summary.ends_with(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn c_program_exercises_the_batched_calls() {
+    let exe = build(
+        "gcc",
+        &["-std=c11", "-pedantic"],
+        "tests/c/test_batch.c",
+        "test_batch",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_batch");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
 }
 
 #[test]

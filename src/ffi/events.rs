@@ -9,7 +9,7 @@ use crate::CacheEvent;
 
 /// What an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaEventKind {
     /// Consecutive blocks of one chain entered the prefix index.
     BlockStored = 0,

@@ -4,7 +4,7 @@ use std::ffi::c_char;
 
 use super::config::{info, CONFIGS};
 use super::requests::{AdmitOutputs, GrowOutputs};
-use super::types::{MlaBlockCopy, MlaCacheStats};
+use super::types::{MlaAdmitCheck, MlaBlockCopy, MlaCacheStats};
 use super::{
     guard, input, opt_text, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
     MlaStatus, MlaTokenId, Out, OutBuf, Registry,
@@ -40,6 +40,11 @@ pub struct MlaMultiModalKey {
 pub struct MlaExtraKeys {
     /// LoRA adapter (or model variant) name, or NULL; enters every block.
     pub adapter: *const c_char,
+    /// The adapter's path, or NULL (`""`): part of vLLM's LoRA key under the
+    /// vLLM-compatible hashes (`MLA_BLOCK_HASH_KIND_SHA256_CBOR`,
+    /// `MLA_BLOCK_HASH_KIND_XXHASH_CBOR`), so that their hashes equal vLLM's;
+    /// the library's own hash ignores it. Used only with `adapter`.
+    pub adapter_path: *const c_char,
     /// Cache salt for tenant isolation, or NULL; enters the first block (and so all).
     pub salt: *const c_char,
     /// Multimodal inputs (`num_mm` of them; may be NULL when `num_mm` is 0).
@@ -91,7 +96,8 @@ pub(crate) unsafe fn extra_keys(keys: *const MlaExtraKeys) -> FfiResult<ExtraKey
         // SAFETY: per the contract.
         salt: unsafe { opt_text(k.salt, "keys.salt") }?.map(str::to_owned),
         mm,
-        adapter_path: None,
+        // SAFETY: per the contract.
+        adapter_path: unsafe { opt_text(k.adapter_path, "keys.adapter_path") }?.map(str::to_owned),
     })
 }
 
@@ -114,7 +120,7 @@ pub(crate) unsafe fn admit_options(options: *const MlaAdmitOptions) -> FfiResult
 }
 
 /// Runs `f` on the manager behind a live handle.
-fn with<R>(m: *const MlaManager, f: impl FnOnce(&BlockManager) -> FfiResult<R>) -> FfiResult<R> {
+pub(crate) fn with<R>(m: *const MlaManager, f: impl FnOnce(&BlockManager) -> FfiResult<R>) -> FfiResult<R> {
     MANAGERS.with(m, |m| f(&m.inner))
 }
 
@@ -476,6 +482,85 @@ pub unsafe extern "C" fn mla_manager_num_tokens(
         let n = with(manager, |m| Ok(m.num_tokens(id)?))?;
         // SAFETY: per the contract.
         unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Writes the number of tokens of request `id` whose KV is written: its
+/// length without `chunked_prefill`, else what `mla_manager_commit` reported
+/// last (at least its cached prefix). `*out` is untouched on failure.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_num_computed_tokens(
+    manager: *const MlaManager,
+    id: MlaRequestId,
+    out: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_num_computed_tokens", || {
+        let out = Out::new(out, "out")?;
+        let n = with(manager, |m| Ok(m.num_computed_tokens(id)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// Writes how many tokens request `id` can take before it needs a new
+/// block: the room left in its table (partial tail and reserved blocks).
+/// `*out` is untouched on failure.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_capacity(
+    manager: *const MlaManager,
+    id: MlaRequestId,
+    out: *mut usize,
+) -> MlaStatus {
+    guard("mla_manager_capacity", || {
+        let out = Out::new(out, "out")?;
+        let n = with(manager, |m| Ok(m.capacity(id)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.set(n) };
+        Ok(())
+    })
+}
+
+/// A dry run of `mla_manager_admit`: writes what admitting `tokens` with
+/// `options` (NULL: defaults) would take now (hit tokens, blocks to
+/// allocate, blocks available, whether it fits), without admitting
+/// anything, taking references or telling the eviction policy. Fails as
+/// admission does for input it refuses (`MLA_STATUS_EMPTY_INPUT`,
+/// `MLA_STATUS_REQUEST_TOO_LARGE`); `out->fits` says whether it would fail
+/// with `MLA_STATUS_OUT_OF_BLOCKS`. `*out` is untouched on failure.
+///
+/// # Safety
+/// `tokens` must hold `num_tokens` ids; `options` must be NULL or valid;
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe (another thread's calls may change the
+/// answer right after).
+#[no_mangle]
+pub unsafe extern "C" fn mla_manager_would_admit(
+    manager: *const MlaManager,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    options: *const MlaAdmitOptions,
+    out: *mut MlaAdmitCheck,
+) -> MlaStatus {
+    guard("mla_manager_would_admit", || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let opts = unsafe { admit_options(options) }?;
+        let out = Out::new(out, "out")?;
+        let check = with(manager, |m| Ok(m.would_admit(tokens, &opts)?))?;
+        unsafe { out.set(check.into()) };
         Ok(())
     })
 }

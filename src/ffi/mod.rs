@@ -23,6 +23,7 @@ use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
 use std::sync::{PoisonError, RwLock};
 
+pub mod batch;
 pub mod config;
 pub mod events;
 pub mod manager;
@@ -33,6 +34,7 @@ pub mod store;
 pub mod tier;
 pub mod types;
 
+pub use batch::*;
 pub use config::*;
 pub use events::*;
 pub use manager::*;

@@ -22,7 +22,7 @@ pub const MLA_CACHE_VERSION_PATCH: u32 = 0;
     prefix = "MLA_STATUS_",
     suffix = "\0"
 )]
-#[repr(C)]
+#[repr(i32)]
 pub enum MlaStatus {
     /// Success.
     Ok = 0,

@@ -57,7 +57,7 @@ pub struct MlaMatrix {
 
 /// Where a store keeps its latents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaDeviceKind {
     /// Host memory.
     Host = 0,

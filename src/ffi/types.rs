@@ -13,7 +13,7 @@ use crate::codec::ElemType;
 use crate::publish::PublisherStats;
 use crate::tier::remote::RemoteStats;
 use crate::tier::{HostTierStats, TierHits, TierStats};
-use crate::{BlockCopy, BlockHashKind, CacheStats, Dtype, EvictionPolicyKind};
+use crate::{AdmitCheck, BlockCopy, BlockHashKind, CacheStats, Dtype, EvictionPolicyKind};
 
 /// Defines `From` both ways between a core enum and its C enum, which have
 /// the same variants.
@@ -52,7 +52,7 @@ macro_rules! mirror_struct {
 
 /// Storage format of one cached latent (byte layouts in docs/formats.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaDtype {
     /// 576 bf16 values: 1152 bytes for the DeepSeek geometry.
     Bf16 = 0,
@@ -67,7 +67,7 @@ mirror_enum!(Dtype <=> MlaDtype { Bf16, Fp8DsMla, Mxfp6 });
 
 /// Which cached free blocks are evicted first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaEvictionPolicyKind {
     /// Least recently freed first (vLLM's order).
     Lru = 0,
@@ -88,7 +88,7 @@ mirror_enum!(EvictionPolicyKind <=> MlaEvictionPolicyKind {
 
 /// How block hashes are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaBlockHashKind {
     /// The library's own seeded xxh3 (default).
     Xxh3 = 0,
@@ -106,7 +106,7 @@ mirror_enum!(BlockHashKind <=> MlaBlockHashKind {
 
 /// Element type of a tensor given to or filled by a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(C)]
+#[repr(u32)]
 pub enum MlaElemType {
     /// bfloat16.
     Bf16 = 0,
@@ -200,9 +200,42 @@ pub struct MlaBlockCopy {
     pub src: MlaBlockId,
     /// Fresh block that replaces `src` in the appending request's table.
     pub dst: MlaBlockId,
+    /// Where `dst` sits in that table (the index of its tail block);
+    /// ignored by `mla_store_copy_blocks`.
+    pub position: usize,
 }
 
-mirror_struct!(BlockCopy => MlaBlockCopy { src, dst });
+mirror_struct!(BlockCopy => MlaBlockCopy { src, dst, position });
+
+/// What admitting a prompt would take now (`mla_manager_would_admit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct MlaAdmitCheck {
+    /// Leading prompt tokens a hit would serve.
+    pub num_cached_tokens: usize,
+    /// Blocks the admission would allocate (beyond the hits).
+    pub new_blocks: usize,
+    /// Blocks it could allocate now (free blocks minus the hits it would revive).
+    pub available_blocks: usize,
+    /// Whether the admission would succeed now (`new_blocks <= available_blocks`).
+    pub fits: bool,
+}
+
+impl From<AdmitCheck> for MlaAdmitCheck {
+    fn from(c: AdmitCheck) -> Self {
+        let AdmitCheck {
+            num_cached_tokens,
+            new_blocks,
+            available_blocks,
+        } = c;
+        Self {
+            num_cached_tokens,
+            new_blocks,
+            available_blocks,
+            fits: c.fits(),
+        }
+    }
+}
 
 /// A snapshot of a manager's state and counters since creation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

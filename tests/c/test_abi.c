@@ -812,7 +812,7 @@ static void test_store(void) {
     EXPECT(mla_store_layer_view(store, 0, NULL), MLA_STATUS_NULL_POINTER);
 
     /* Copy-on-write: block 5 to block 7, in every layer. */
-    MlaBlockCopy copy = {5, 7};
+    MlaBlockCopy copy = {5, 7, 0};
     OK(mla_store_copy_blocks(store, &copy, 1, NULL));
     MlaBlockId copied[1] = {7};
     MlaMatrix o1 = {out_bf16, MLA_ELEM_TYPE_BF16, BS, W, 0};
@@ -822,11 +822,11 @@ static void test_store(void) {
         for (size_t i = 0; i < W; i++) same &= out_bf16[t][i] == bf16_bits(out[t][i]);
     }
     CHECK(same);
-    MlaBlockCopy twice[2] = {{1, 3}, {2, 3}};
+    MlaBlockCopy twice[2] = {{1, 3, 0}, {2, 3, 0}};
     EXPECT(mla_store_copy_blocks(store, twice, 2, NULL), MLA_STATUS_INVALID_ARGUMENT);
-    MlaBlockCopy chain[2] = {{1, 3}, {3, 4}};
+    MlaBlockCopy chain[2] = {{1, 3, 0}, {3, 4, 0}};
     EXPECT(mla_store_copy_blocks(store, chain, 2, NULL), MLA_STATUS_INVALID_ARGUMENT);
-    MlaBlockCopy outside = {1, BLOCKS};
+    MlaBlockCopy outside = {1, BLOCKS, 0};
     EXPECT(mla_store_copy_blocks(store, &outside, 1, NULL), MLA_STATUS_INVALID_BLOCK);
     EXPECT(mla_store_copy_blocks(store, NULL, 1, NULL), MLA_STATUS_NULL_POINTER);
     OK(mla_store_copy_blocks(store, NULL, 0, NULL));
