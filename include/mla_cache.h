@@ -15,6 +15,12 @@
  *  - Handles are thread-safe: any thread may call any function on them, except
  *    that a handle must not be destroyed while other threads still use it.
  *  - Option structs (MlaAdmitOptions, MlaExtraKeys) are zero-initialized for defaults.
+ *  - Enums have fixed widths: MlaStatus is an int32_t, the others uint32_t (typedefs
+ *    in C, enums of that underlying type in C++). Arguments taking an enum value are
+ *    declared with that integer type and checked: an unknown value fails.
+ *  - Block ids (MlaBlockId) are uint32_t below num_blocks, as the core names them;
+ *    the batch's block tables (mla_manager_fill_block_tables) are int32_t, as
+ *    FlashMLA and FlashInfer take them.
  */
 
 #ifndef MLA_CACHE_H
@@ -390,7 +396,8 @@ typedef struct MlaBlockCopy {
      */
     MlaBlockId dst;
     /**
-     * Where `dst` sits in that table (the index of its tail block).
+     * Where `dst` sits in that table (the index of its tail block);
+     * ignored by `mla_store_copy_blocks`.
      */
     size_t position;
 } MlaBlockCopy;
