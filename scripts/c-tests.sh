@@ -2,13 +2,15 @@
 # Builds the library, then builds and runs the C/C++ tests of its C ABI
 # (tests/c/) and the C++ example (examples/cpp/).
 #
-#   scripts/c-tests.sh [--release] [--features LIST] [--valgrind]
+#   scripts/c-tests.sh [--release] [--features LIST] [--valgrind] [--asan]
 #
 #   --release   test the release build (target/release) instead of the debug one
 #   --features  build the library with these Cargo features (e.g. cuda), on
 #               top of `capi` (the C ABI itself), which is always on
 #   --valgrind  run the C test and the example under valgrind memcheck
 #               (--error-exitcode=1 --leak-check=full); any error or leak fails
+#   --asan      build the test programs with AddressSanitizer and UBSan
+#               (-fsanitize=address,undefined); any report fails
 #
 # `cargo test --test c_abi` runs the same programs without valgrind.
 set -euo pipefail
@@ -19,6 +21,7 @@ cargo_flags=(--features capi)
 defines=()
 static_deps=()
 valgrind=0
+asan=0
 while [[ $# -gt 0 ]]; do
     arg="$1"
     shift
@@ -32,11 +35,13 @@ while [[ $# -gt 0 ]]; do
             [[ ",$1," == *,remote-redis,* ]] && static_deps+=(-lssl -lcrypto) && defines+=(-DMLA_TEST_REMOTE_FEATURE)
             shift ;;
         --valgrind) valgrind=1 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --asan) asan=1 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "unknown option: $arg" >&2; exit 2 ;;
     esac
 done
 
+[[ $asan == 1 && $valgrind == 1 ]] && { echo "--asan and --valgrind exclude each other" >&2; exit 2; }
 cargo build --lib "${cargo_flags[@]}"
 target_dir="${CARGO_TARGET_DIR:-target}"
 lib="$target_dir/$profile"
@@ -44,11 +49,15 @@ out="$target_dir/c-tests/$profile"
 mkdir -p "$out"
 
 warn=(-Wall -Wextra -Werror -g -O1 "${defines[@]}")
+if [[ $asan == 1 ]]; then
+    warn+=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+fi
 shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
 static=(-Iinclude "$lib/libmla_cache.a" "${static_deps[@]}" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_abi.c "${shared[@]}" -o "$out/test_abi"
 gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_batch.c "${shared[@]}" -o "$out/test_batch"
+g++ -std=c++17 -pedantic -pthread "${warn[@]}" tests/c/test_wrapper.cpp "${shared[@]}" -o "$out/test_wrapper"
 g++ -std=c++17 -pthread "${warn[@]}" tests/c/test_threads.cpp "${shared[@]}" -o "$out/test_threads"
 g++ -std=c++17 -pedantic "${warn[@]}" examples/cpp/example.cpp "${static[@]}" -o "$out/example"
 
@@ -61,6 +70,7 @@ fi
 
 "${run[@]}" "$out/test_abi"
 "${run[@]}" "$out/test_batch"
+"${run[@]}" "$out/test_wrapper"
 "${run[@]}" "$out/test_threads"
 "${run[@]}" "$out/example" >/dev/null
 echo "example: passed"

@@ -2,6 +2,7 @@
 //! against the library cargo built for this test run, and runs them:
 //! - `test_abi.c`: every function and error status, linked to the shared library;
 //! - `test_batch.c`: the batched calls, the request queries, the enums' widths;
+//! - `test_wrapper.cpp`: the C++ wrapper `mla_cache.hpp` and batched decode steps;
 //! - `test_threads.cpp`: 8 threads of random operations on one manager;
 //! - `examples/cpp/example.cpp`: linked to the static library.
 
@@ -113,6 +114,19 @@ fn c_program_exercises_the_batched_calls() {
         true,
     );
     let out = run(&mut Command::new(&exe), "test_batch");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn cpp_wrapper_runs_batched_decode_steps() {
+    let exe = build(
+        "g++",
+        &["-std=c++17", "-pedantic", "-pthread"],
+        "tests/c/test_wrapper.cpp",
+        "test_wrapper",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_wrapper");
     assert!(out.contains(" passed, 0 failed"), "{out}");
 }
 
