@@ -695,6 +695,11 @@ typedef struct MlaAdmitOptions {
      * The prompt is computed in chunks, reported with `mla_manager_commit`;
      * until then its uncomputed blocks are not shared. When false the whole
      * prompt, and every appended token, counts as computed at once.
+     *
+     * Warning: when false, the prompt's blocks are shared from admission
+     * on, before their latents are written; a request admitted by another
+     * thread before the prefill ran reads unwritten KV. Multi-threaded
+     * engines set this and commit the tokens once written.
      */
     bool chunked_prefill;
 } MlaAdmitOptions;

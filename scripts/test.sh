@@ -54,6 +54,8 @@ cargo build --release --features "$features" --bin mla-cache
 echo "== C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 scripts/c-tests.sh --release --features "$features" --valgrind
+echo "== C ABI tests under AddressSanitizer and UBSan"
+scripts/c-tests.sh --release --features "$features" --asan
 
 echo "== SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
 scripts/engine-tests.sh sglang

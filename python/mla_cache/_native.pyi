@@ -363,6 +363,43 @@ class BlockManager:
     def reserve(self, request_id: RequestId, total_slots: int) -> AppendOutcome:
         """Grows the table to room for ``total_slots`` positions without tokens
         (lookahead slots); never shrinks; returns new blocks and copy-on-write copies."""
+    def num_computed_tokens(self, request_id: RequestId) -> int:
+        """Tokens of a request whose KV is written."""
+    def capacity(self, request_id: RequestId) -> int:
+        """Tokens a request can take before it needs a new block."""
+    def would_admit(
+        self,
+        tokens: TokenIds,
+        *,
+        decode_slots: int = 0,
+        extra_keys: ExtraKeysLike = None,
+        salt: Optional[str] = None,
+        chunked_prefill: bool = False,
+    ) -> dict[str, Union[int, bool]]:
+        """A dry run of ``admit``: ``num_cached_tokens``, ``new_blocks``,
+        ``available_blocks`` and ``fits``, changing nothing."""
+    def append_batch(
+        self,
+        request_ids: Sequence[RequestId],
+        tokens: TokenIds,
+        *,
+        num_tokens: Optional[Sequence[int]] = None,
+    ) -> Tuple[list[AppendOutcome], npt.NDArray[np.int64]]:
+        """Appends ``num_tokens[i]`` tokens (default one) to each request under
+        one lock, all or nothing; returns the outcomes and the new tokens' slots."""
+    def fill_block_tables(
+        self,
+        request_ids: Sequence[RequestId],
+        block_tables: npt.NDArray[np.int32],
+        *,
+        pad: int = -1,
+        positions: Optional[Sequence[Tuple[int, int]]] = None,
+        slot_mapping: Optional[npt.NDArray[np.int64]] = None,
+    ) -> Tuple[int, int]:
+        """Writes the padded block tables (and the slots of ``positions``) in
+        place under one lock; returns ``(max_blocks, num_slots)``."""
+    def free_batch(self, request_ids: Sequence[RequestId]) -> None:
+        """Frees every request under one lock, all or nothing."""
     def evict_blocks(self, block_ids: Iterable[int]) -> int:
         """Drops the given blocks from the prefix index; returns how many left it."""
     def evict(self, num_blocks: int) -> int:

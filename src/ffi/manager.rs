@@ -65,6 +65,11 @@ pub struct MlaAdmitOptions {
     /// The prompt is computed in chunks, reported with `mla_manager_commit`;
     /// until then its uncomputed blocks are not shared. When false the whole
     /// prompt, and every appended token, counts as computed at once.
+    ///
+    /// Warning: when false, the prompt's blocks are shared from admission
+    /// on, before their latents are written; a request admitted by another
+    /// thread before the prefill ran reads unwritten KV. Multi-threaded
+    /// engines set this and commit the tokens once written.
     pub chunked_prefill: bool,
 }
 
@@ -120,7 +125,10 @@ pub(crate) unsafe fn admit_options(options: *const MlaAdmitOptions) -> FfiResult
 }
 
 /// Runs `f` on the manager behind a live handle.
-pub(crate) fn with<R>(m: *const MlaManager, f: impl FnOnce(&BlockManager) -> FfiResult<R>) -> FfiResult<R> {
+pub(crate) fn with<R>(
+    m: *const MlaManager,
+    f: impl FnOnce(&BlockManager) -> FfiResult<R>,
+) -> FfiResult<R> {
     MANAGERS.with(m, |m| f(&m.inner))
 }
 

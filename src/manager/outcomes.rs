@@ -17,7 +17,10 @@ pub struct AdmitOptions {
     /// [`BlockManager::commit`]; until then, uncomputed blocks are never
     /// served to another request. When false, the whole prompt counts as
     /// computed once admitted (an unchunked prefill), and so does every
-    /// appended token.
+    /// appended token: its blocks are shared before the engine writes
+    /// them, which only an engine that computes every hit in the same
+    /// forward pass may allow (docs/semantics.md). Multi-threaded engines
+    /// set this and commit what they wrote.
     pub chunked_prefill: bool,
 }
 

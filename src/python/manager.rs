@@ -1,22 +1,23 @@
 //! `BlockManager`: the Rust [`manager::BlockManager`] with Python request
 //! ids, token ids from lists or numpy arrays, and numpy results.
 
-use numpy::PyArray1;
-use pyo3::exceptions::PyAssertionError;
+use numpy::{PyArray1, PyArrayMethods, PyReadwriteArray1, PyReadwriteArray2};
+use pyo3::exceptions::{PyAssertionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::config::CacheConfig;
 use super::errors;
 use super::events;
+use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{Admission, AppendOutcome, PrefixMatch};
 use super::prefix_calls::keyed;
-use super::request_ids::RequestIds;
+use super::request_ids::{Key, RequestIds};
 use super::requests::RequestApi;
 use super::stats;
-use crate::{manager, Error, TokenId};
+use crate::{manager, AdmitOptions, Error, RequestId, TokenId};
 
 /// A paged MLA cache's bookkeeping: block allocation, prefix sharing by
 /// chained block hashes, copy-on-write for forked requests, pinning and LRU
@@ -49,6 +50,14 @@ impl BlockManager {
     fn api(&self) -> RequestApi<'_, manager::BlockManager> {
         RequestApi::new(&self.inner, &self.ids)
     }
+
+    /// The ids of a batch's requests (`KeyError` for an unknown `str` id).
+    fn batch_ids(&self, request_ids: &[Bound<'_, PyAny>]) -> PyResult<Vec<RequestId>> {
+        request_ids
+            .iter()
+            .map(|r| self.ids.get(&Key::extract(r)?))
+            .collect()
+    }
 }
 
 #[pymethods]
@@ -80,7 +89,9 @@ impl BlockManager {
     ///
     /// With ``chunked_prefill=True`` the engine reports progress with
     /// ``commit``, and uncomputed blocks are never served to other requests;
-    /// otherwise the whole prompt counts as computed at once.
+    /// otherwise the whole prompt counts as computed at once, and its blocks
+    /// are shared before their KV is written: engines that admit from
+    /// several threads (or while a step runs) must use ``chunked_prefill``.
     #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false))]
     #[allow(clippy::too_many_arguments)]
     fn admit(
@@ -202,6 +213,150 @@ impl BlockManager {
     /// Tokens (prompt and appended) of ``request_id``.
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         self.api().num_tokens(request_id)
+    }
+
+    /// Tokens of ``request_id`` whose KV is written: its length without
+    /// ``chunked_prefill``, else what ``commit`` reported last.
+    fn num_computed_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.api().on(request_id, |m, id| m.num_computed_tokens(id))
+    }
+
+    /// Tokens ``request_id`` can take before it needs a new block (the room
+    /// left in its partial tail and reserved blocks).
+    fn capacity(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.api().on(request_id, |m, id| m.capacity(id))
+    }
+
+    /// A dry run of ``admit``: what admitting ``tokens`` would take now, as
+    /// a dict of ``num_cached_tokens``, ``new_blocks`` (to allocate),
+    /// ``available_blocks`` and ``fits`` (whether ``admit`` would succeed),
+    /// without admitting anything. Raises as ``admit`` does for input it
+    /// refuses (empty, larger than the cache).
+    #[pyo3(signature = (tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false))]
+    fn would_admit<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        #[pyo3(from_py_with = ints::size)] decode_slots: usize,
+        extra_keys: Option<&Bound<'_, PyAny>>,
+        salt: Option<String>,
+        chunked_prefill: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let opts = AdmitOptions {
+            decode_slots,
+            keys: extra_keys::extract(extra_keys, salt)?,
+            chunked_prefill,
+        };
+        let check = self
+            .inner
+            .would_admit(&tokens, &opts)
+            .map_err(errors::to_py)?;
+        let out = PyDict::new(py);
+        out.set_item("num_cached_tokens", check.num_cached_tokens)?;
+        out.set_item("new_blocks", check.new_blocks)?;
+        out.set_item("available_blocks", check.available_blocks)?;
+        out.set_item("fits", check.fits())?;
+        Ok(out)
+    }
+
+    /// Appends tokens to many requests under one lock (one decode step):
+    /// ``num_tokens[i]`` tokens to ``request_ids[i]`` (``None``: one each),
+    /// taken in order from ``tokens``. Returns one ``AppendOutcome`` per
+    /// request, equal to ``append`` of each in turn, and the slot of every
+    /// appended token (numpy int64, request after request). All or
+    /// nothing: an unknown or repeated request, an empty append or too few
+    /// blocks for the whole batch raises and changes nothing.
+    #[pyo3(signature = (request_ids, tokens, *, num_tokens = None))]
+    fn append_batch(
+        &self,
+        py: Python<'_>,
+        request_ids: Vec<Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        num_tokens: Option<Vec<usize>>,
+    ) -> PyResult<(Vec<AppendOutcome>, Py<PyArray1<i64>>)> {
+        let ids = self.batch_ids(&request_ids)?;
+        let counts = num_tokens.unwrap_or_else(|| vec![1; ids.len()]);
+        if counts.len() != ids.len() || counts.iter().sum::<usize>() != tokens.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} token counts summing to {} for {} requests and {} tokens",
+                counts.len(),
+                counts.iter().sum::<usize>(),
+                ids.len(),
+                tokens.len()
+            )));
+        }
+        let mut batch = Vec::with_capacity(ids.len());
+        let mut rest = &tokens[..];
+        for (&id, &n) in ids.iter().zip(&counts) {
+            let (these, after) = rest.split_at(n);
+            batch.push((id, these));
+            rest = after;
+        }
+        let out = self
+            .inner
+            .append_batch(&batch)
+            .map_err(|e| self.api().err(e))?;
+        let outcomes = out
+            .requests
+            .into_iter()
+            .map(|o| AppendOutcome::new(py, o))
+            .collect::<PyResult<_>>()?;
+        Ok((outcomes, PyArray1::from_vec(py, out.slot_mapping).unbind()))
+    }
+
+    /// Fills ``block_tables`` (a writable, C-contiguous numpy int32 array of
+    /// ``len(request_ids)`` rows) in place with the requests' block tables,
+    /// each row padded with ``pad``, as FlashMLA and FlashInfer take them;
+    /// with ``positions`` (one ``(start, end)`` per request) it fills
+    /// ``slot_mapping`` (writable int64) with their slots in turn. Under one
+    /// lock. Returns ``(max_blocks, num_slots)``: the longest table and the
+    /// slots written. Raises ``ValueError``, writing nothing, when a row is
+    /// narrower than a table or ``slot_mapping`` too short (the message
+    /// gives both sizes needed), ``KeyError`` for an unknown request.
+    #[pyo3(signature = (request_ids, block_tables, *, pad = -1, positions = None, slot_mapping = None))]
+    fn fill_block_tables(
+        &self,
+        request_ids: Vec<Bound<'_, PyAny>>,
+        mut block_tables: PyReadwriteArray2<'_, i32>,
+        pad: i32,
+        positions: Option<Vec<(usize, usize)>>,
+        slot_mapping: Option<PyReadwriteArray1<'_, i64>>,
+    ) -> PyResult<(usize, usize)> {
+        let ids = self.batch_ids(&request_ids)?;
+        let width = block_tables.as_array().ncols();
+        let tables = block_tables.as_slice_mut().map_err(|_| {
+            PyValueError::new_err("block_tables must be a C-contiguous int32 array")
+        })?;
+        let ranges: Vec<_> = positions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(start, end)| start..end)
+            .collect();
+        let mut slot_mapping = slot_mapping;
+        let slots = match slot_mapping.as_mut() {
+            Some(s) => s.as_slice_mut().map_err(|_| {
+                PyValueError::new_err("slot_mapping must be a contiguous int64 array")
+            })?,
+            None => &mut [],
+        };
+        let sizes = self
+            .inner
+            .fill_block_tables(&ids, tables, width, pad, &ranges, slots)
+            .map_err(|e| self.api().err(e))?;
+        Ok((sizes.max_blocks, sizes.num_slots))
+    }
+
+    /// Frees every request of ``request_ids`` under one lock, as ``free`` of
+    /// each in turn. All or nothing: an unknown or repeated request raises
+    /// and frees none.
+    fn free_batch(&self, request_ids: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let keys = request_ids
+            .iter()
+            .map(Key::extract)
+            .collect::<PyResult<Vec<_>>>()?;
+        self.ids
+            .remove_all(&keys, |ids| self.inner.free_batch(ids))?
+            .map_err(|e| self.api().err(e))
     }
 
     /// Grows ``request_id``'s block table so it has room for ``total_slots``

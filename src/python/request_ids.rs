@@ -118,6 +118,34 @@ impl RequestIds {
         }
     }
 
+    /// Runs `f` with the numbers of requests `keys`, which `f` ends
+    /// together; their `str` ids are released if `f` succeeds. `KeyError`
+    /// for an unknown `str` id, before `f` runs.
+    pub(crate) fn remove_all<R>(
+        &self,
+        keys: &[Key],
+        f: impl FnOnce(&[RequestId]) -> Result<R>,
+    ) -> PyResult<Result<R>> {
+        let mut names = self.lock();
+        let ids = keys
+            .iter()
+            .map(|key| match key {
+                Key::Int(id) => Ok(*id),
+                Key::Str(s) => names.ids.get(s).copied().ok_or_else(|| unknown(key)),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let out = f(&ids);
+        if out.is_ok() {
+            for (key, id) in keys.iter().zip(&ids) {
+                if let Key::Str(s) = key {
+                    names.ids.remove(s);
+                    names.names.remove(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// How the caller wrote request `id` (for error messages).
     pub(crate) fn name(&self, id: RequestId) -> String {
         if id < STR_BASE {
