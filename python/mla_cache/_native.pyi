@@ -392,12 +392,13 @@ class BlockManager:
         request_ids: Sequence[RequestId],
         block_tables: npt.NDArray[np.int32],
         *,
-        pad: int = -1,
+        pad: int = ...,
         positions: Optional[Sequence[Tuple[int, int]]] = None,
         slot_mapping: Optional[npt.NDArray[np.int64]] = None,
     ) -> Tuple[int, int]:
-        """Writes the padded block tables (and the slots of ``positions``) in
-        place under one lock; returns ``(max_blocks, num_slots)``."""
+        """Writes the block tables, padded with ``pad`` (default -1), and the
+        slots of ``positions`` in place under one lock; returns
+        ``(max_blocks, num_slots)``."""
     def free_batch(self, request_ids: Sequence[RequestId]) -> None:
         """Frees every request under one lock, all or nothing."""
     def evict_blocks(self, block_ids: Iterable[int]) -> int:

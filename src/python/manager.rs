@@ -1,7 +1,7 @@
 //! `BlockManager`: the Rust [`manager::BlockManager`] with Python request
 //! ids, token ids from lists or numpy arrays, and numpy results.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadwriteArray1, PyReadwriteArray2};
+use numpy::{PyArray1, PyReadwriteArray1, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyAssertionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -324,9 +324,12 @@ impl BlockManager {
     ) -> PyResult<(usize, usize)> {
         let ids = self.batch_ids(&request_ids)?;
         let width = block_tables.as_array().ncols();
-        let tables = block_tables.as_slice_mut().map_err(|_| {
-            PyValueError::new_err("block_tables must be a C-contiguous int32 array")
-        })?;
+        // An F-contiguous array is a slice too, in the wrong order.
+        let tables = match block_tables.is_c_contiguous() {
+            true => block_tables.as_slice_mut().ok(),
+            false => None,
+        }
+        .ok_or_else(|| PyValueError::new_err("block_tables must be a C-contiguous int32 array"))?;
         let ranges: Vec<_> = positions
             .unwrap_or_default()
             .into_iter()
