@@ -2,6 +2,9 @@
 //! `free_batch`) and queries (`num_computed_tokens`, `capacity`,
 //! `would_admit`): all or nothing, and equal to the single calls in turn.
 
+// One position range per request: a batch of one is an array of one range.
+#![allow(clippy::single_range_in_vec_init)]
+
 use mla_cache::{AdmitOptions, BlockCopy, BlockManager, CacheConfig, Error, TableSizes};
 use proptest::prelude::*;
 
