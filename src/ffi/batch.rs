@@ -192,7 +192,8 @@ pub unsafe extern "C" fn mla_manager_append_batch(
 /// On success and on `MLA_STATUS_BUFFER_TOO_SMALL` (a table longer than
 /// `max_blocks`, or more slots than `slots_cap`), the sizes the batch needs
 /// are written: the longest table to `*required_max_blocks` and the slot
-/// count to `*num_slots`; on every failure the arrays are untouched. Other
+/// count to `*num_slots` (untouched on other failures); on every failure
+/// the arrays are untouched. Other
 /// failures: `MLA_STATUS_UNKNOWN_REQUEST`, `MLA_STATUS_INVALID_ARGUMENT`
 /// (a range outside its request's slots, block ids that do not fit
 /// `int32_t`).
