@@ -93,14 +93,14 @@ fn a_failing_batch_changes_nothing() {
 
 #[test]
 fn a_copy_in_the_batch_spares_the_last_holder_of_a_shared_tail() {
-    let m = manager(5);
+    let m = manager(4);
     m.admit(1, &toks(0..6), &AdmitOptions::default()).unwrap(); // 1 full + 1 partial
     m.fork(1, 2).unwrap();
     m.fork(1, 3).unwrap();
-    assert_eq!(m.num_free_blocks(), 3);
+    assert_eq!(m.num_free_blocks(), 2);
     let tail = m.block_table(1).unwrap()[1];
-    // Two of the three holders copy; the last writes in place: two blocks,
-    // though each append alone would have counted a copy.
+    // Two of the three holders copy; the last writes in place: the batch
+    // fits the two free blocks, though each append alone would count a copy.
     let out = m
         .append_batch(&[(2, &[7][..]), (3, &[8][..]), (1, &[9][..])])
         .unwrap();
@@ -114,7 +114,7 @@ fn a_copy_in_the_batch_spares_the_last_holder_of_a_shared_tail() {
         assert_eq!(m.block_table(id).unwrap()[c.position], c.dst);
     }
     assert_eq!(m.block_table(1).unwrap()[1], tail);
-    assert_eq!(m.num_free_blocks(), 1);
+    assert_eq!(m.num_free_blocks(), 0);
     m.check_invariants().unwrap();
 }
 
@@ -269,7 +269,9 @@ fn steps() -> impl Strategy<Value = Vec<Vec<(u64, usize)>>> {
 
 /// Six requests, each a prompt of `prompts[i]` tokens or a fork of the one before.
 fn setup(prompts: &[usize], forks: &[bool]) -> BlockManager {
-    let m = manager(24);
+    // Room for the prompts (at most 12 blocks) and little more, so that
+    // batches often need exactly the blocks that are free.
+    let m = manager(14);
     for (i, &len) in prompts.iter().enumerate() {
         let id = i as u64;
         if forks[i] && i > 0 {
