@@ -112,9 +112,8 @@ pub fn e2m3_to_f32(code: u8) -> f32 {
 /// encoded as `+6` (`0x7`).
 #[inline(always)]
 pub fn e2m1_from_f32(q: f32) -> u8 {
-    if q.is_nan() {
-        return 0x7;
-    }
+    // A select, not a branch, so that loops over values vectorize.
+    let q = if q.is_nan() { E2M1_MAX } else { q };
     let sign = (q.to_bits() >> 28) & 0x8;
     (sign | round_magnitude::<1, 1>(q, E2M1_MAX)) as u8
 }

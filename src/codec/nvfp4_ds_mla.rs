@@ -39,6 +39,7 @@ pub fn scale_byte(group: usize, groups: usize) -> usize {
 pub(super) fn encode_nope<T: Element>(c_kv: &[T], codes: &mut [u8], scales: &mut [u8]) {
     let groups = c_kv.len() / GROUP;
     let mut x = [0f32; GROUP];
+    let mut codes_of_group = [0u8; GROUP];
     for (g, (src, packed)) in c_kv
         .chunks_exact(GROUP)
         .zip(codes.chunks_exact_mut(GROUP_BYTES))
@@ -48,8 +49,11 @@ pub(super) fn encode_nope<T: Element>(c_kv: &[T], codes: &mut [u8], scales: &mut
         let scale = group_scale(amax_ignoring_nan(&x));
         // The f32 reciprocal of the scale, then a product (not a division).
         let inv = 1.0 / e4m3_to_f32(scale);
-        for (byte, pair) in packed.iter_mut().zip(x.chunks_exact(2)) {
-            *byte = e2m1_from_f32(pair[0] * inv) | e2m1_from_f32(pair[1] * inv) << 4;
+        for (c, &v) in codes_of_group.iter_mut().zip(x.iter()) {
+            *c = e2m1_from_f32(v * inv);
+        }
+        for (byte, pair) in packed.iter_mut().zip(codes_of_group.chunks_exact(2)) {
+            *byte = pair[0] | pair[1] << 4;
         }
         scales[scale_byte(g, groups)] = scale;
     }
@@ -78,14 +82,18 @@ pub(super) fn decode_nope<O: Decoded>(codes: &[u8], scales: &[u8], out: &mut [O]
         .enumerate()
     {
         let scale = e4m3_to_f32(scales[scale_byte(g, groups)]);
+        // The group's 16 possible values, by code.
+        let mut values = [0f32; 16];
+        for (code, v) in (0u8..).zip(values.iter_mut()) {
+            *v = if scale.is_nan() {
+                f32::NAN
+            } else {
+                e2m1_to_f32(code) * scale
+            };
+        }
         for (&byte, pair) in packed.iter().zip(out.chunks_exact_mut(2)) {
-            for (o, code) in pair.iter_mut().zip([byte & 0xF, byte >> 4]) {
-                *o = O::from_f32(if scale.is_nan() {
-                    f32::NAN
-                } else {
-                    e2m1_to_f32(code) * scale
-                });
-            }
+            pair[0] = O::from_f32(values[usize::from(byte & 0xF)]);
+            pair[1] = O::from_f32(values[usize::from(byte >> 4)]);
         }
     }
 }
