@@ -450,7 +450,7 @@ mod tests {
         for e in ElemType::ALL {
             assert_eq!(elem_from(MlaElemType::from(e) as u32, "m").unwrap(), e);
         }
-        let err = dtype_from(3).unwrap_err();
+        let err = dtype_from(4).unwrap_err();
         assert_eq!(err.status, MlaStatus::InvalidConfig);
         assert!(eviction_from(4).is_err());
         for k in BlockHashKind::ALL {
