@@ -173,6 +173,11 @@ enum MlaDtype
      * 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
      */
     MLA_DTYPE_MXFP6 = 2,
+    /**
+     * vLLM's NVFP4 layout (E2M1 NoPE, one e4m3 scale per 16 values, e4m3
+     * RoPE): 352 bytes.
+     */
+    MLA_DTYPE_NVFP4_DS_MLA = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -919,11 +924,12 @@ typedef struct MlaTokenLayout {
      */
     size_t num_scales;
     /**
-     * Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6.
+     * Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6, 1
+     * (e4m3) for nvfp4_ds_mla.
      */
     size_t scale_bytes;
     /**
-     * Offset of the bf16 RoPE values.
+     * Offset of the RoPE values (bf16; e4m3 in nvfp4_ds_mla).
      */
     size_t rope_offset;
 } MlaTokenLayout;
@@ -1443,7 +1449,7 @@ MlaStatus mla_config_blocks_for_bytes(const struct MlaConfig *config, uint64_t b
 
 /**
  * Parses a storage format name (`"bf16"`, `"fp8_ds_mla"`, `"fp8"`,
- * `"mxfp6"`; case ignored) into an `MlaDtype`.
+ * `"mxfp6"`, `"nvfp4_ds_mla"`; case ignored) into an `MlaDtype`.
  *
  * # Safety
  * `name` must be a NUL-terminated string; `out` must be valid for a write.

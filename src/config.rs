@@ -23,12 +23,19 @@ pub enum Dtype {
     Fp8DsMla = 1,
     /// 6-bit E2M3 NoPE with one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
     Mxfp6 = 2,
+    /// vLLM's NVFP4 layout: E2M1 NoPE with one e4m3 scale per 16 values,
+    /// unscaled e4m3 RoPE: 352 bytes.
+    Nvfp4DsMla = 3,
 }
 
 impl Dtype {
     /// Every format, in order of decreasing size.
-    pub const ALL: [Dtype; <Dtype as strum::EnumCount>::COUNT] =
-        [Dtype::Bf16, Dtype::Fp8DsMla, Dtype::Mxfp6];
+    pub const ALL: [Dtype; <Dtype as strum::EnumCount>::COUNT] = [
+        Dtype::Bf16,
+        Dtype::Fp8DsMla,
+        Dtype::Mxfp6,
+        Dtype::Nvfp4DsMla,
+    ];
 
     /// The format's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
@@ -41,6 +48,16 @@ impl Dtype {
             Dtype::Bf16 => 1,
             Dtype::Fp8DsMla => 128,
             Dtype::Mxfp6 => 32,
+            Dtype::Nvfp4DsMla => 16,
+        }
+    }
+
+    /// What `kv_lora_rank` must be a multiple of: the group size, or for
+    /// `nvfp4_ds_mla` four groups (its scales are stored as a 4-row transpose).
+    pub fn rank_multiple(self) -> usize {
+        match self {
+            Dtype::Nvfp4DsMla => 4 * self.group_size(),
+            _ => self.group_size(),
         }
     }
 
@@ -51,9 +68,10 @@ impl Dtype {
             return Err(Error::InvalidConfig("kv_lora_rank must be positive".into()));
         }
         let group = self.group_size();
-        if kv_lora_rank % group != 0 {
+        let multiple = self.rank_multiple();
+        if kv_lora_rank % multiple != 0 {
             return Err(Error::InvalidConfig(format!(
-                "{} needs kv_lora_rank to be a multiple of {group}, got {kv_lora_rank}",
+                "{} needs kv_lora_rank to be a multiple of {multiple}, got {kv_lora_rank}",
                 self.name()
             )));
         }
@@ -62,6 +80,7 @@ impl Dtype {
             Dtype::Bf16 => 2 * kv_lora_rank + rope,
             Dtype::Fp8DsMla => kv_lora_rank + 4 * (kv_lora_rank / group) + rope,
             Dtype::Mxfp6 => kv_lora_rank * 6 / 8 + kv_lora_rank / group + rope,
+            Dtype::Nvfp4DsMla => kv_lora_rank / 2 + rope_dim + kv_lora_rank / group,
         })
     }
 }
@@ -80,8 +99,9 @@ impl FromStr for Dtype {
             "bf16" | "bfloat16" | "auto" => Ok(Dtype::Bf16),
             "fp8_ds_mla" | "fp8" => Ok(Dtype::Fp8DsMla),
             "mxfp6" => Ok(Dtype::Mxfp6),
+            "nvfp4_ds_mla" => Ok(Dtype::Nvfp4DsMla),
             _ => Err(Error::InvalidConfig(format!(
-                "unknown dtype {s:?} (expected bf16, fp8_ds_mla or mxfp6)"
+                "unknown dtype {s:?} (expected bf16, fp8_ds_mla, mxfp6 or nvfp4_ds_mla)"
             ))),
         }
     }
@@ -526,6 +546,8 @@ mod tests {
         assert_eq!(Dtype::Bf16.bytes_per_token(512, 64).unwrap(), 1152);
         assert_eq!(Dtype::Fp8DsMla.bytes_per_token(512, 64).unwrap(), 656);
         assert_eq!(Dtype::Mxfp6.bytes_per_token(512, 64).unwrap(), 528);
+        assert_eq!(Dtype::Nvfp4DsMla.bytes_per_token(512, 64).unwrap(), 352);
+        assert!(Dtype::Nvfp4DsMla.bytes_per_token(48, 64).is_err());
     }
 
     #[test]

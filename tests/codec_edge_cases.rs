@@ -2,6 +2,7 @@
 //! top of each range, and non-finite input, as the `codec` docs define them.
 
 use half::{bf16, f16};
+use mla_cache::codec::minifloat::e4m3_to_f32;
 use mla_cache::codec::{Codec, Values};
 use mla_cache::Dtype;
 
@@ -242,4 +243,163 @@ fn codes_the_encoder_never_writes_decode_to_nan() {
     c.decode_f32(&bytes, &mut out).unwrap();
     assert!(out[..32].iter().all(|v| v.is_nan()));
     assert!(out[32..RANK].iter().all(|&v| v == 0.0));
+}
+
+/// nvfp4_ds_mla: the scale code of 16-value group `group` (a 4-row
+/// transpose after the codes and the RoPE values).
+fn nvfp4_scale_byte(bytes: &[u8], group: usize) -> u8 {
+    bytes[320 + 8 * (group % 4) + group / 4]
+}
+
+/// nvfp4_ds_mla: the E2M1 code of NoPE value `i`.
+fn nvfp4_code(bytes: &[u8], i: usize) -> u8 {
+    (bytes[i / 2] >> (4 * (i % 2))) & 0xF
+}
+
+#[test]
+fn nvfp4_zeros_take_the_scale_floor_and_negative_zero_keeps_its_sign() {
+    let e = encode(Dtype::Nvfp4DsMla, &[0.0; RANK], &[0.0; ROPE]);
+    assert!(e.bytes[..320].iter().all(|&b| b == 0), "codes and RoPE");
+    // max(0 / 6, 2^-9) = 2^-9, the smallest e4m3 subnormal (code 0x01).
+    assert!(e.bytes[320..].iter().all(|&b| b == 0x01));
+    assert!(e.decoded.iter().all(|&v| v.to_bits() == 0));
+    let e = encode(Dtype::Nvfp4DsMla, &[-0.0; RANK], &[-0.0; ROPE]);
+    assert!(e.bytes[..256].iter().all(|&b| b == 0x88));
+    assert!(e.bytes[256..320].iter().all(|&b| b == 0x80));
+    assert!(e.decoded.iter().all(|v| v.to_bits() == (-0.0f32).to_bits()));
+}
+
+#[test]
+fn nvfp4_scale_is_amax_over_6_rounded_to_e4m3_and_stored_transposed() {
+    // Group g's largest magnitude is 6 times the e4m3 value of code
+    // 0x28 + g, so its scale is that code, at the group's own byte.
+    let scale_of = |g: usize| e4m3_to_f32(0x28 + g as u8);
+    let mut nope = vec![0f32; RANK];
+    for g in 0..32 {
+        nope[16 * g + g % 16] = -6.0 * scale_of(g);
+    }
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+    let codec = Codec::new(Dtype::Nvfp4DsMla, RANK, ROPE).unwrap();
+    let layout = codec.layout();
+    assert_eq!((layout.rope_offset, layout.scales_offset), (256, 320));
+    for g in 0..32 {
+        assert_eq!(nvfp4_scale_byte(&e.bytes, g), 0x28 + g as u8, "group {g}");
+        // The largest value is -6 * scale: code 0xF, decoded exactly.
+        assert_eq!(nvfp4_code(&e.bytes, 16 * g + g % 16), 0xF);
+        assert_eq!(e.decoded[16 * g + g % 16], nope[16 * g + g % 16]);
+    }
+    // amax / 6 rounds to nearest e4m3: 6 * 1.0625 lies halfway between 1.0
+    // and 1.125 (even: 1.0), a little more rounds up, and the top saturates.
+    for (amax, scale) in [
+        (6.0 * 1.0625f32, 1.0f32),
+        (6.0 * 1.07, 1.125),
+        (6.0 * 464.0, 448.0),
+        (f32::MAX, 448.0),
+        (f32::INFINITY, 448.0),
+        (6.0 * 2f32.powi(-10), 2f32.powi(-9)),
+    ] {
+        let mut nope = vec![0f32; RANK];
+        nope[3] = amax;
+        let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+        let got = e4m3_to_f32(nvfp4_scale_byte(&e.bytes, 0));
+        assert_eq!(got, scale, "amax {amax}");
+        assert!((1..32).all(|g| nvfp4_scale_byte(&e.bytes, g) == 0x01));
+    }
+}
+
+#[test]
+fn nvfp4_codes_use_the_f32_reciprocal_of_the_scale() {
+    // amax 11.25 gives the scale 1.875, whose f32 reciprocal is a little
+    // above 1 / 1.875: 2.34375, 4.6875 and 9.375 are ties (1.25, 2.5, 5)
+    // under x / scale, rounding down to even, but x * (1 / scale) lies
+    // just above them and rounds up.
+    let mut nope = vec![0f32; RANK];
+    nope[..4].copy_from_slice(&[11.25, 2.34375, 4.6875, -9.375]);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+    assert_eq!(nvfp4_scale_byte(&e.bytes, 0), 0x3F, "1.875");
+    let codes: Vec<u8> = (0..4).map(|i| nvfp4_code(&e.bytes, i)).collect();
+    assert_eq!(
+        codes,
+        [0x7, 0x3, 0x5, 0xF],
+        "6, 1.5, 3, -6 (not 6, 1, 2, -4)"
+    );
+    assert_eq!(e.decoded[..4], [11.25, 2.8125, 5.625, -11.25]);
+}
+
+#[test]
+fn nvfp4_e2m1_rounds_to_nearest_even_and_saturates() {
+    // Scale 1 (amax 6): the codes are the values themselves.
+    let mut nope = vec![0f32; RANK];
+    let inputs = [
+        6.0f32, 0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.1, -0.2, 1e-45,
+    ];
+    nope[..inputs.len()].copy_from_slice(&inputs);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+    let codes: Vec<u8> = (0..inputs.len()).map(|i| nvfp4_code(&e.bytes, i)).collect();
+    // 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+    assert_eq!(codes, [7, 0, 1, 2, 2, 4, 4, 6, 6, 7, 8, 0]);
+    // Past the group's own range a value saturates at 6 * scale.
+    let mut nope = vec![0f32; RANK];
+    nope[..2].copy_from_slice(&[1.0, -f32::INFINITY]);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+    assert_eq!(
+        nvfp4_scale_byte(&e.bytes, 0),
+        0x7E,
+        "Inf sets the scale to 448"
+    );
+    assert_eq!(nvfp4_code(&e.bytes, 1), 0xF);
+    assert_eq!(e.decoded[1], -6.0 * 448.0);
+}
+
+#[test]
+fn nvfp4_nan_is_ignored_by_the_scale_and_encodes_as_plus_six() {
+    let mut nope = vec![0f32; RANK];
+    nope[..3].copy_from_slice(&[f32::NAN, 3.0, -f32::NAN]);
+    let mut rope = [0f32; ROPE];
+    rope[..4].copy_from_slice(&[f32::NAN, -f32::NAN, f32::INFINITY, -1e6]);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &rope);
+    // amax is 3 (NaN ignored): scale 0.5, code of 3 is 6 (0x7).
+    assert_eq!(nvfp4_scale_byte(&e.bytes, 0), 0x30, "0.5");
+    let codes: Vec<u8> = (0..3).map(|i| nvfp4_code(&e.bytes, i)).collect();
+    assert_eq!(codes, [0x7, 0x7, 0x7]);
+    assert_eq!(e.decoded[..3], [3.0, 3.0, 3.0]);
+    // RoPE: NaN stays NaN (with its sign), infinities saturate at 448.
+    assert_eq!(e.bytes[256..260], [0x7F, 0xFF, 0x7E, 0xFE]);
+    assert!(e.decoded[RANK].is_nan() && e.decoded[RANK + 1].is_nan());
+    assert_eq!(e.decoded[RANK + 2..RANK + 4], [448.0, -448.0]);
+}
+
+#[test]
+fn nvfp4_subnormal_inputs_and_the_smallest_rope_values() {
+    // Subnormal f32 NoPE values: scale 2^-9, codes 0 (they are far below
+    // 0.25 * 2^-9), signs kept.
+    let mut nope = vec![0f32; RANK];
+    nope[..2].copy_from_slice(&[1e-40, -3e-39]);
+    let mut rope = [0f32; ROPE];
+    // e4m3's smallest subnormal 2^-9, half of it (a tie: rounds to 0) and
+    // three quarters of it (rounds up).
+    rope[..3].copy_from_slice(&[2f32.powi(-9), 2f32.powi(-10), 1.5 * 2f32.powi(-10)]);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &rope);
+    assert_eq!(nvfp4_scale_byte(&e.bytes, 0), 0x01);
+    assert_eq!(e.bytes[0], 0x80);
+    assert_eq!(e.bytes[256..259], [0x01, 0x00, 0x01]);
+    // A group of values at the scale floor: 0.75 * 2^-9 / 2^-9 rounds to 1.
+    let mut nope = vec![0f32; RANK];
+    nope[0] = 0.75 * 2f32.powi(-9);
+    let e = encode(Dtype::Nvfp4DsMla, &nope, &[0.0; ROPE]);
+    assert_eq!(nvfp4_code(&e.bytes, 0), 0x2);
+    assert_eq!(e.decoded[0], 2f32.powi(-9));
+}
+
+#[test]
+fn nvfp4_nan_scale_codes_decode_to_nan() {
+    let mut bytes = vec![0x22u8; 352];
+    bytes[320] = 0x7F; // group 0's scale
+    bytes[256] = 0xFF; // RoPE 0
+    let c = Codec::new(Dtype::Nvfp4DsMla, RANK, ROPE).unwrap();
+    let mut out = vec![0f32; RANK + ROPE];
+    c.decode_f32(&bytes, &mut out).unwrap();
+    assert!(out[..16].iter().all(|v| v.is_nan()));
+    assert!(out[16..RANK].iter().all(|v| !v.is_nan()));
+    assert!(out[RANK].is_nan());
 }

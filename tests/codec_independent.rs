@@ -41,6 +41,23 @@ fn e2m3_value(c: u8) -> f64 {
     }
 }
 
+/// E2M1: sign, 2 exponent bits (bias 1), 1 mantissa bit, no NaN or Inf.
+fn e2m1_value(c: u8) -> f64 {
+    let sign = if c & 0x8 != 0 { -1.0 } else { 1.0 };
+    let e = i32::from((c >> 1) & 3);
+    let m = f64::from(c & 1);
+    if e == 0 {
+        sign * m / 2.0
+    } else {
+        sign * (1.0 + m / 2.0) * 2f64.powi(e - 1)
+    }
+}
+
+/// nvfp4_ds_mla: where the scale of 16-value group `s` lies (bytes 320..352).
+fn nvfp4_scale_at(s: usize) -> usize {
+    320 + 8 * (s & 3) + (s >> 2)
+}
+
 /// bf16 from its bits: sign, 8 exponent bits (bias 127), 7 mantissa bits.
 fn bf16_value(bits: u16) -> f64 {
     let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
@@ -96,6 +113,15 @@ fn reference_decode(dtype: Dtype, bytes: &[u8]) -> Vec<f64> {
             }
             400
         }
+        Dtype::Nvfp4DsMla => {
+            for i in 0..RANK {
+                let code = (bytes[i / 2] >> (4 * (i % 2))) & 0xF;
+                out.push(e2m1_value(code) * e4m3_value(bytes[nvfp4_scale_at(i / 16)]));
+            }
+            // The RoPE values are e4m3 codes, bytes 256..320.
+            out.extend((0..ROPE).map(|i| e4m3_value(bytes[256 + i])));
+            return out;
+        }
     };
     let rope = &bytes[rope_at..];
     out.extend((0..ROPE).map(|i| bf16_value(le_u16(rope, i))));
@@ -107,6 +133,7 @@ fn grid(dtype: Dtype) -> Vec<f64> {
     match dtype {
         Dtype::Fp8DsMla => (0..0x7Fu8).map(e4m3_value).collect(),
         Dtype::Mxfp6 => (0..0x20u8).map(e2m3_value).collect(),
+        Dtype::Nvfp4DsMla => (0..8u8).map(e2m1_value).collect(),
         Dtype::Bf16 => unreachable!(),
     }
 }
@@ -143,6 +170,7 @@ fn reference_encode(dtype: Dtype, nope: &[f32], nope_bf16: &[u16], rope_bf16: &[
     let mut out = Vec::new();
     match dtype {
         Dtype::Bf16 => out.extend(nope_bf16.iter().flat_map(|b| b.to_le_bytes())),
+        Dtype::Nvfp4DsMla => unreachable!("see reference_encode_nvfp4"),
         Dtype::Fp8DsMla | Dtype::Mxfp6 => {
             let (group, max, floor) = if dtype == Dtype::Fp8DsMla {
                 (128, 448f32, 1e-4f32)
@@ -200,6 +228,49 @@ fn reference_encode(dtype: Dtype, nope: &[f32], nope_bf16: &[u16], rope_bf16: &[
     out
 }
 
+/// The e4m3 code of `x` as PTX's `cvt.rn.satfinite` gives it: nearest, ties
+/// to even, saturating at 448, NaN as NaN (`0x7F` with its sign).
+fn reference_e4m3_satfinite(x: f32) -> u8 {
+    let sign = u8::from(x.is_sign_negative()) << 7;
+    if x.is_nan() {
+        return 0x7F | sign;
+    }
+    nearest(&grid(Dtype::Fp8DsMla), f64::from(x)) as u8 | sign
+}
+
+/// Encodes one `nvfp4_ds_mla` latent from the definition: per 16 values the
+/// scale `e4m3(max(f32(amax / 6), 2^-9))` (amax over the non-NaN values), the
+/// codes `e2m1(f32(x * f32(1 / scale)))` (NaN as +6, the sign kept
+/// otherwise), then the RoPE values as e4m3.
+fn reference_encode_nvfp4(nope: &[f32], rope: &[f32]) -> Vec<u8> {
+    let grid = grid(Dtype::Nvfp4DsMla);
+    let mut out = vec![0u8; 352];
+    for (s, g) in nope.chunks(16).enumerate() {
+        let amax = g
+            .iter()
+            .filter(|x| !x.is_nan())
+            .fold(0f64, |m, &x| m.max(f64::from(x).abs()));
+        let pre = ((amax / 6.0) as f32).max(2f32.powi(-9));
+        let scale = reference_e4m3_satfinite(pre);
+        let inv = (1.0 / e4m3_value(scale)) as f32;
+        for (k, &x) in g.iter().enumerate() {
+            let code = if x.is_nan() {
+                7
+            } else {
+                let q = (f64::from(x) * f64::from(inv)) as f32;
+                nearest(&grid, f64::from(q)) as u8 | u8::from(x.is_sign_negative()) << 3
+            };
+            let i = 16 * s + k;
+            out[i / 2] |= code << (4 * (i % 2));
+        }
+        out[nvfp4_scale_at(s)] = scale;
+    }
+    for (i, &x) in rope.iter().enumerate() {
+        out[256 + i] = reference_e4m3_satfinite(x);
+    }
+    out
+}
+
 fn bf16_bits_of(values: Values<'_>) -> Vec<u16> {
     match values {
         Values::Bf16(s) => s.iter().map(|v| v.to_bits()).collect(),
@@ -213,7 +284,11 @@ fn check_encode(dtype: Dtype, c_kv: Values<'_>, k_pe: Values<'_>) {
     let mut got = vec![0u8; codec.bytes_per_token()];
     codec.encode(c_kv, k_pe, &mut got).unwrap();
     let nope = common::widen(c_kv);
-    let expected = reference_encode(dtype, &nope, &bf16_bits_of(c_kv), &bf16_bits_of(k_pe));
+    let expected = if dtype == Dtype::Nvfp4DsMla {
+        reference_encode_nvfp4(&nope, &common::widen(k_pe))
+    } else {
+        reference_encode(dtype, &nope, &bf16_bits_of(c_kv), &bf16_bits_of(k_pe))
+    };
     assert_eq!(got.len(), expected.len());
     if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
         panic!(
@@ -250,6 +325,7 @@ fn check_decode(dtype: Dtype, bytes: &[u8]) {
         // Stored bf16 values come back verbatim, NaN payloads included;
         // dequantized values are rounded from f32.
         let stored_bf16 = match (dtype, i < RANK) {
+            (Dtype::Nvfp4DsMla, _) => None,
             (Dtype::Bf16, true) => Some(le_u16(bytes, i)),
             (_, false) => Some(le_u16(&bytes[rope_at..], i - RANK)),
             _ => None,

@@ -40,6 +40,19 @@ fn layouts_match_the_design() {
         ),
         (528, 384, 16, 1, 400)
     );
+    // vLLM's order: codes, then the e4m3 RoPE values, then the scales.
+    let nv = codec(Dtype::Nvfp4DsMla).layout();
+    assert_eq!(
+        (
+            nv.bytes_per_token,
+            nv.nope_bytes,
+            nv.scales_offset,
+            nv.num_scales,
+            nv.scale_bytes,
+            nv.rope_offset
+        ),
+        (352, 256, 320, 32, 1, 256)
+    );
     let b = codec(Dtype::Bf16).layout();
     assert_eq!(
         (b.bytes_per_token, b.num_scales, b.rope_offset),
@@ -116,35 +129,41 @@ fn relative_rms_error_on_gaussian_data_with_outlier_channels() {
     let mut rng = common::rng(12);
     // 2,048 tokens; 6 of the 512 channels are 20x larger than the rest.
     let rows = common::gaussian_rows(&mut rng, 2048, RANK, &[5, 77, 130, 260, 391, 500], 20.0);
+    // (format, the error it is expected to have, the bound)
     let bound = [
         (Dtype::Fp8DsMla, 0.027, 0.032),
         (Dtype::Mxfp6, 0.040, 0.048),
+        (Dtype::Nvfp4DsMla, 0.09, 0.11),
     ];
-    for (dtype, design, limit) in bound {
+    for (dtype, expected, limit) in bound {
         let err = common::relative_rms(&round_trip_nope(dtype, &rows), &rows);
         println!(
-            "{dtype}: relative RMS error {:.2}% (design note: about {:.1}%)",
+            "{dtype}: relative RMS error {:.2}% (expected: about {:.1}%)",
             100.0 * err,
-            100.0 * design
+            100.0 * expected
         );
         assert!(
             err < limit,
             "{dtype}: relative RMS error {err} above {limit}"
         );
         assert!(
-            err > 0.5 * design,
+            err > 0.5 * expected,
             "{dtype}: error {err} is implausibly small"
         );
     }
     // Without outliers the error is smaller still.
     let plain = common::gaussian_rows(&mut rng, 512, RANK, &[], 1.0);
-    for dtype in [Dtype::Fp8DsMla, Dtype::Mxfp6] {
+    for (dtype, limit) in [
+        (Dtype::Fp8DsMla, 0.045),
+        (Dtype::Mxfp6, 0.045),
+        (Dtype::Nvfp4DsMla, 0.11),
+    ] {
         let err = common::relative_rms(&round_trip_nope(dtype, &plain), &plain);
         println!(
             "{dtype}: relative RMS error without outliers {:.2}%",
             100.0 * err
         );
-        assert!(err < 0.045);
+        assert!(err < limit, "{dtype}: {err} above {limit}");
     }
 }
 
@@ -326,7 +345,12 @@ fn other_geometries_work_and_bad_ones_are_rejected() {
             .unwrap();
         let mut back = vec![0f32; 288];
         c.decode_f32(&bytes, &mut back).unwrap();
-        assert!(common::relative_rms(&back, &row) < 0.06);
+        let limit = if dtype == Dtype::Nvfp4DsMla {
+            0.12
+        } else {
+            0.06
+        };
+        assert!(common::relative_rms(&back, &row) < limit, "{dtype}");
         let c = Codec::new(dtype, 512, 0).unwrap();
         let mut bytes = vec![0u8; c.bytes_per_token()];
         c.encode(Values::F32(&[1.0; 512]), Values::F32(&[]), &mut bytes)
@@ -334,5 +358,8 @@ fn other_geometries_work_and_bad_ones_are_rejected() {
     }
     assert!(Codec::new(Dtype::Fp8DsMla, 96, 64).is_err());
     assert!(Codec::new(Dtype::Mxfp6, 48, 64).is_err());
+    // nvfp4_ds_mla's scale transpose needs a multiple of 4 groups of 16.
+    assert!(Codec::new(Dtype::Nvfp4DsMla, 32, 64).is_err());
+    assert!(Codec::new(Dtype::Nvfp4DsMla, 64, 64).is_ok());
     assert!(Codec::new(Dtype::Bf16, 0, 64).is_err());
 }

@@ -304,7 +304,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     );
     println!();
     println!(
-        "{:<15} {:>14} {:>13} {:>12} {:>11} {:>13} {:>11}  layout on tensor-parallel ranks",
+        "{:<16} {:>13} {:>13} {:>12} {:>11} {:>13} {:>11}  layout on tensor-parallel ranks",
         "cache",
         "B/token/layer",
         "B/token/GPU",
@@ -315,7 +315,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     );
     for r in &plan.rows {
         println!(
-            "{:<15} {:>14} {:>13} {:>12} {:>11} {:>13} {:>11}  {}",
+            "{:<16} {:>13} {:>13} {:>12} {:>11} {:>13} {:>11}  {}",
             r.cache,
             thousands(r.bytes_per_token_layer as u64),
             thousands(r.bytes_per_token_per_gpu),

@@ -38,6 +38,7 @@ fn color(dtype: Dtype) -> &'static str {
         Dtype::Bf16 => "#1f77b4",
         Dtype::Fp8DsMla => "#d62728",
         Dtype::Mxfp6 => "#2ca02c",
+        Dtype::Nvfp4DsMla => "#9467bd",
     }
 }
 

@@ -12,7 +12,7 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`PrefixCache`: the same prefix cache over block ids the caller
   allocates and frees (SGLang's model): insert, match, lock, evict.
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in
-  ``bf16``, ``fp8_ds_mla`` or ``mxfp6``: quantizing writes, decoding gathers,
+  ``bf16``, ``fp8_ds_mla``, ``mxfp6`` or ``nvfp4_ds_mla``: quantizing writes, decoding gathers,
   block copies, and zero-copy access (numpy views, DLPack, raw pointers).
 - :class:`TieredCache`: a manager and its store with a host-memory tier
   and a remote Valkey/Redis tier below (``docs/tiers.md``).

@@ -32,7 +32,7 @@ IntVectorLike = Union[Sequence[int], npt.NDArray[np.integer[Any]], RawTensor, An
 """Integers: a list, tuple, numpy array, DLPack tensor or raw tuple (a GPU store
 takes only device tensors and raw tuples)."""
 
-DtypeName = Literal["bf16", "fp8_ds_mla", "mxfp6"]
+DtypeName = Literal["bf16", "fp8_ds_mla", "mxfp6", "nvfp4_ds_mla"]
 
 class OutOfBlocks(MemoryError):
     """Not enough free blocks right now; nothing was allocated. Free or finish

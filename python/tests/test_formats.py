@@ -105,7 +105,7 @@ def test_mxfp6_bytes():
     assert rel_rms(decoded[:, :512], x[:, :512]) < 0.05
 
 
-@pytest.mark.parametrize("dtype, bound", [("fp8_ds_mla", 0.035), ("mxfp6", 0.05)])
+@pytest.mark.parametrize("dtype, bound", [("fp8_ds_mla", 0.035), ("mxfp6", 0.05), ("nvfp4_ds_mla", 0.11)])
 def test_error_bounds_on_gaussian_data(dtype, bound):
     x = np.random.default_rng(5).standard_normal((T, 576)).astype(np.float32)
     _, gathered = stored(dtype, x)

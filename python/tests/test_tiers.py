@@ -51,7 +51,7 @@ def flush_device(cache, store, rid):
     cache.free(rid)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8_ds_mla", "mxfp6"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_ds_mla", "mxfp6", "nvfp4_ds_mla"])
 def test_blocks_round_trip_device_host_device(dtype):
     cache, store = tiered(dtype)
     a = run_prefill(cache, store, "first", 7)

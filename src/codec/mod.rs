@@ -12,6 +12,7 @@ mod element;
 pub mod fp8_ds_mla;
 pub mod minifloat;
 pub mod mxfp6;
+pub mod nvfp4_ds_mla;
 
 pub use element::{Decoded, ElemType, Element, Values};
 
@@ -27,13 +28,16 @@ pub struct TokenLayout {
     pub bytes_per_token: usize,
     /// Bytes of NoPE codes, starting at offset 0.
     pub nope_bytes: usize,
-    /// Offset of the first scale (equals `nope_bytes`).
+    /// Offset of the first scale: `nope_bytes`, except in `nvfp4_ds_mla`,
+    /// whose scales follow the RoPE values.
     pub scales_offset: usize,
     /// Number of scales (0 for `bf16`).
     pub num_scales: usize,
-    /// Bytes per scale: 4 (f32) for `fp8_ds_mla`, 1 (UE8M0) for `mxfp6`.
+    /// Bytes per scale: 4 (f32) for `fp8_ds_mla`, 1 (UE8M0) for `mxfp6`,
+    /// 1 (e4m3) for `nvfp4_ds_mla`.
     pub scale_bytes: usize,
-    /// Offset of the bf16 RoPE values.
+    /// Offset of the RoPE values: bf16, except in `nvfp4_ds_mla` (e4m3,
+    /// right after the NoPE codes).
     pub rope_offset: usize,
 }
 
@@ -57,9 +61,17 @@ impl Codec {
             Dtype::Bf16 => (2 * kv_lora_rank, 0, 0),
             Dtype::Fp8DsMla => (kv_lora_rank, groups, 4),
             Dtype::Mxfp6 => (kv_lora_rank * 6 / 8, groups, 1),
+            Dtype::Nvfp4DsMla => (kv_lora_rank / 2, groups, 1),
         };
-        let rope_offset = nope_bytes + num_scales * scale_bytes;
-        debug_assert_eq!(rope_offset + 2 * rope_dim, bytes_per_token);
+        // (offset of the scales, offset of the RoPE values, bytes per RoPE value)
+        let (scales_offset, rope_offset, rope_bytes) = match dtype {
+            Dtype::Nvfp4DsMla => (nope_bytes + rope_dim, nope_bytes, 1),
+            _ => (nope_bytes, nope_bytes + num_scales * scale_bytes, 2),
+        };
+        debug_assert_eq!(
+            nope_bytes + num_scales * scale_bytes + rope_bytes * rope_dim,
+            bytes_per_token
+        );
         Ok(Self {
             dtype,
             kv_lora_rank,
@@ -67,7 +79,7 @@ impl Codec {
             layout: TokenLayout {
                 bytes_per_token,
                 nope_bytes,
-                scales_offset: nope_bytes,
+                scales_offset,
                 num_scales,
                 scale_bytes,
                 rope_offset,
@@ -201,36 +213,58 @@ impl Codec {
 
     /// Encodes one latent; the lengths must already be right.
     pub(crate) fn encode_unchecked(&self, c_kv: Values<'_>, k_pe: Values<'_>, out: &mut [u8]) {
-        let (nope, rope) = out.split_at_mut(self.layout.rope_offset);
         match c_kv {
-            Values::Bf16(s) => self.encode_nope(s, nope),
-            Values::F16(s) => self.encode_nope(s, nope),
-            Values::F32(s) => self.encode_nope(s, nope),
+            Values::Bf16(s) => self.encode_nope(s, out),
+            Values::F16(s) => self.encode_nope(s, out),
+            Values::F32(s) => self.encode_nope(s, out),
         }
         match k_pe {
-            Values::Bf16(s) => Element::write_bf16(s, rope),
-            Values::F16(s) => Element::write_bf16(s, rope),
-            Values::F32(s) => Element::write_bf16(s, rope),
+            Values::Bf16(s) => self.encode_rope(s, out),
+            Values::F16(s) => self.encode_rope(s, out),
+            Values::F32(s) => self.encode_rope(s, out),
         }
     }
 
-    fn encode_nope<T: Element>(&self, c_kv: &[T], dst: &mut [u8]) {
+    /// Writes the NoPE codes and scales of `c_kv` into the token `out`.
+    fn encode_nope<T: Element>(&self, c_kv: &[T], out: &mut [u8]) {
+        let l = self.layout;
+        let nope = &mut out[..l.rope_offset];
         match self.dtype {
-            Dtype::Bf16 => bf16_format::encode_nope(c_kv, dst),
-            Dtype::Fp8DsMla => fp8_ds_mla::encode_nope(c_kv, dst),
-            Dtype::Mxfp6 => mxfp6::encode_nope(c_kv, dst),
+            Dtype::Bf16 => bf16_format::encode_nope(c_kv, nope),
+            Dtype::Fp8DsMla => fp8_ds_mla::encode_nope(c_kv, nope),
+            Dtype::Mxfp6 => mxfp6::encode_nope(c_kv, nope),
+            Dtype::Nvfp4DsMla => {
+                let (codes, rest) = out.split_at_mut(l.nope_bytes);
+                nvfp4_ds_mla::encode_nope(c_kv, codes, &mut rest[self.rope_dim..]);
+            }
+        }
+    }
+
+    /// Writes the RoPE values `k_pe` into the token `out`.
+    fn encode_rope<T: Element>(&self, k_pe: &[T], out: &mut [u8]) {
+        let rope = &mut out[self.layout.rope_offset..];
+        match self.dtype {
+            Dtype::Nvfp4DsMla => nvfp4_ds_mla::encode_rope(k_pe, &mut rope[..self.rope_dim]),
+            _ => T::write_bf16(k_pe, rope),
         }
     }
 
     /// Decodes one latent; the lengths must already be right.
     pub(crate) fn decode_unchecked<O: Decoded>(&self, src: &[u8], out: &mut [O]) {
+        let l = self.layout;
         let (nope_out, rope_out) = out.split_at_mut(self.kv_lora_rank);
-        let (nope, rope) = src.split_at(self.layout.rope_offset);
+        let (nope, rope) = src.split_at(l.rope_offset);
         match self.dtype {
             Dtype::Bf16 => bf16_format::decode_nope(nope, nope_out),
             Dtype::Fp8DsMla => fp8_ds_mla::decode_nope(nope, nope_out),
             Dtype::Mxfp6 => mxfp6::decode_nope(nope, nope_out),
+            Dtype::Nvfp4DsMla => {
+                nvfp4_ds_mla::decode_nope(nope, &src[l.scales_offset..], nope_out);
+            }
         }
-        bf16_format::decode_bf16_run(rope, rope_out);
+        match self.dtype {
+            Dtype::Nvfp4DsMla => nvfp4_ds_mla::decode_rope(rope, rope_out),
+            _ => bf16_format::decode_bf16_run(rope, rope_out),
+        }
     }
 }

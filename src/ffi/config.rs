@@ -459,7 +459,7 @@ pub unsafe extern "C" fn mla_config_blocks_for_bytes(
 }
 
 /// Parses a storage format name (`"bf16"`, `"fp8_ds_mla"`, `"fp8"`,
-/// `"mxfp6"`; case ignored) into an `MlaDtype`.
+/// `"mxfp6"`, `"nvfp4_ds_mla"`; case ignored) into an `MlaDtype`.
 ///
 /// # Safety
 /// `name` must be a NUL-terminated string; `out` must be valid for a write.
@@ -487,6 +487,7 @@ pub extern "C" fn mla_dtype_name(dtype: u32) -> *const c_char {
         Ok(Dtype::Bf16) => c"bf16".as_ptr(),
         Ok(Dtype::Fp8DsMla) => c"fp8_ds_mla".as_ptr(),
         Ok(Dtype::Mxfp6) => c"mxfp6".as_ptr(),
+        Ok(Dtype::Nvfp4DsMla) => c"nvfp4_ds_mla".as_ptr(),
         Err(_) => std::ptr::null(),
     }
 }

@@ -77,9 +77,10 @@ pub struct MlaTokenLayout {
     pub scales_offset: usize,
     /// Number of scales (0 for bf16).
     pub num_scales: usize,
-    /// Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6.
+    /// Bytes per scale: 4 (fp32) for fp8_ds_mla, 1 (UE8M0) for mxfp6, 1
+    /// (e4m3) for nvfp4_ds_mla.
     pub scale_bytes: usize,
-    /// Offset of the bf16 RoPE values.
+    /// Offset of the RoPE values (bf16; e4m3 in nvfp4_ds_mla).
     pub rope_offset: usize,
 }
 

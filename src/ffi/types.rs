@@ -61,9 +61,12 @@ pub enum MlaDtype {
     Fp8DsMla = 1,
     /// 6-bit E2M3 NoPE, one UE8M0 scale per 32 values, bf16 RoPE: 528 bytes.
     Mxfp6 = 2,
+    /// vLLM's NVFP4 layout (E2M1 NoPE, one e4m3 scale per 16 values, e4m3
+    /// RoPE): 352 bytes.
+    Nvfp4DsMla = 3,
 }
 
-mirror_enum!(Dtype <=> MlaDtype { Bf16, Fp8DsMla, Mxfp6 });
+mirror_enum!(Dtype <=> MlaDtype { Bf16, Fp8DsMla, Mxfp6, Nvfp4DsMla });
 
 /// Which cached free blocks are evicted first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -480,7 +483,7 @@ mod tests {
         for e in ElemType::ALL {
             assert_eq!(elem_from(MlaElemType::from(e) as u32, "m").unwrap(), e);
         }
-        let err = dtype_from(3).unwrap_err();
+        let err = dtype_from(4).unwrap_err();
         assert_eq!(err.status, MlaStatus::InvalidConfig);
         assert!(eviction_from(4).is_err());
         for k in BlockHashKind::ALL {

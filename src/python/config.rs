@@ -16,7 +16,7 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``block_size``: tokens per block (FlashMLA needs 64);
 /// - ``num_layers``: layers cached per token;
 /// - ``kv_lora_rank`` / ``rope_dim``: latent widths (512 / 64 for DeepSeek);
-/// - ``dtype``: ``"bf16"``, ``"fp8_ds_mla"`` or ``"mxfp6"``;
+/// - ``dtype``: ``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"`` or ``"nvfp4_ds_mla"``;
 /// - ``enable_prefix_caching``: share full blocks between requests by hash;
 /// - ``eviction``: order in which cached free blocks are reused: ``"lru"``
 ///   (vLLM's), ``"arc"``, ``"residency"`` or ``"adaptive"`` (see the README);
@@ -193,7 +193,7 @@ impl CacheConfig {
         self.0.rope_dim
     }
 
-    /// Storage format name: ``"bf16"``, ``"fp8_ds_mla"`` or ``"mxfp6"``.
+    /// Storage format name: ``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"`` or ``"nvfp4_ds_mla"``.
     #[getter]
     fn dtype(&self) -> &'static str {
         self.0.dtype.name()

@@ -90,7 +90,8 @@ impl LayerBuffer {
         "uint8"
     }
 
-    /// Storage format of the latents in it (``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"``).
+    /// Storage format of the latents in it (``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"``,
+    /// ``"nvfp4_ds_mla"``).
     #[getter]
     fn format(&self) -> &'static str {
         self.view.dtype.name()

@@ -21,7 +21,7 @@ use crate::{config, Error, Result};
 
 /// The cached latents of every layer, ``[num_blocks, block_size,
 /// bytes_per_token]`` bytes per layer in the config's format (``bf16``,
-/// ``fp8_ds_mla`` or ``mxfp6``), on ``device`` (``"cpu"`` or ``"cuda:N"``).
+/// ``fp8_ds_mla``, ``mxfp6`` or ``nvfp4_ds_mla``), on ``device`` (``"cpu"`` or ``"cuda:N"``).
 /// Block ids and slots come from a ``BlockManager`` with the same config.
 ///
 /// Tensor arguments are numpy arrays (host), DLPack tensors (``torch``,

@@ -187,6 +187,9 @@ static void test_config(void) {
     CHECK(strcmp(mla_dtype_name(MLA_DTYPE_BF16), "bf16") == 0);
     CHECK(strcmp(mla_dtype_name(MLA_DTYPE_FP8_DS_MLA), "fp8_ds_mla") == 0);
     CHECK(strcmp(mla_dtype_name(MLA_DTYPE_MXFP6), "mxfp6") == 0);
+    CHECK(strcmp(mla_dtype_name(MLA_DTYPE_NVFP4_DS_MLA), "nvfp4_ds_mla") == 0);
+    OK(mla_dtype_from_name("nvfp4_ds_mla", &dtype));
+    CHECK(dtype == MLA_DTYPE_NVFP4_DS_MLA);
     CHECK(mla_dtype_name(9) == NULL);
     OK(mla_dtype_bytes_per_token(MLA_DTYPE_BF16, 512, 64, &n));
     CHECK(n == 1152);
@@ -194,8 +197,10 @@ static void test_config(void) {
     CHECK(n == 656);
     OK(mla_dtype_bytes_per_token(MLA_DTYPE_MXFP6, 512, 64, &n));
     CHECK(n == 528);
+    OK(mla_dtype_bytes_per_token(MLA_DTYPE_NVFP4_DS_MLA, 512, 64, &n));
+    CHECK(n == 352);
     EXPECT(mla_dtype_bytes_per_token(MLA_DTYPE_FP8_DS_MLA, 500, 64, &n), MLA_STATUS_INVALID_CONFIG);
-    EXPECT(mla_dtype_bytes_per_token(3, 512, 64, &n), MLA_STATUS_INVALID_CONFIG);
+    EXPECT(mla_dtype_bytes_per_token(4, 512, 64, &n), MLA_STATUS_INVALID_CONFIG);
     EXPECT(mla_dtype_bytes_per_token(MLA_DTYPE_BF16, 512, 64, NULL), MLA_STATUS_NULL_POINTER);
     MlaModelGeometry g;
     OK(mla_model_geometry("kimi-k2", &g));

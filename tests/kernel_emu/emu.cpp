@@ -122,12 +122,17 @@ static const Named KERNELS[] = {
     {"mla_write_mxfp6_from_bf16", mla_write_mxfp6_from_bf16, nullptr},
     {"mla_write_mxfp6_from_f16", mla_write_mxfp6_from_f16, nullptr},
     {"mla_write_mxfp6_from_f32", mla_write_mxfp6_from_f32, nullptr},
+    {"mla_write_nvfp4_ds_mla_from_bf16", mla_write_nvfp4_ds_mla_from_bf16, nullptr},
+    {"mla_write_nvfp4_ds_mla_from_f16", mla_write_nvfp4_ds_mla_from_f16, nullptr},
+    {"mla_write_nvfp4_ds_mla_from_f32", mla_write_nvfp4_ds_mla_from_f32, nullptr},
     {"mla_gather_bf16_to_bf16", nullptr, mla_gather_bf16_to_bf16},
     {"mla_gather_bf16_to_f32", nullptr, mla_gather_bf16_to_f32},
     {"mla_gather_fp8_ds_mla_to_bf16", nullptr, mla_gather_fp8_ds_mla_to_bf16},
     {"mla_gather_fp8_ds_mla_to_f32", nullptr, mla_gather_fp8_ds_mla_to_f32},
     {"mla_gather_mxfp6_to_bf16", nullptr, mla_gather_mxfp6_to_bf16},
     {"mla_gather_mxfp6_to_f32", nullptr, mla_gather_mxfp6_to_f32},
+    {"mla_gather_nvfp4_ds_mla_to_bf16", nullptr, mla_gather_nvfp4_ds_mla_to_bf16},
+    {"mla_gather_nvfp4_ds_mla_to_f32", nullptr, mla_gather_nvfp4_ds_mla_to_f32},
 };
 
 // Returns 0 on success, 1 for an unknown kernel name, 2 when the shared

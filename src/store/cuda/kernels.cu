@@ -13,6 +13,8 @@
 //   fp8_ds_mla  [0, R) e4m3fn codes | R/128 fp32 scales | P bf16 RoPE
 //   mxfp6       [0, 3R/4) E2M3 codes, 6-bit little-endian bit stream |
 //               R/32 UE8M0 scale bytes | P bf16 RoPE
+//   nvfp4_ds_mla [0, R/2) E2M1 codes, two per byte (low nibble even) |
+//               P e4m3 RoPE | R/16 e4m3 scales, transposed (see scale_byte)
 //
 // A layer buffer is [num_blocks][block_size][bytes_per_token], so a slot's
 // bytes start at slot * bytes_per_token.
@@ -118,19 +120,20 @@ __device__ __forceinline__ u32 finite_mag_bits(float v) {
     return b < 0x7f800000u ? b : 0u;
 }
 
-// Rounds |q| (q not NaN) to a float with 3 mantissa bits and exponent bias
+// Rounds |q| (q not NaN) to a float with MAN mantissa bits and exponent bias
 // BIAS, saturating at max; returns the magnitude code.
-template <u32 BIAS>
+template <u32 BIAS, u32 MAN>
 __device__ __forceinline__ u32 round_magnitude(float q, float max) {
     float a = fminf(fabsf(q), max);
     u32 bits = f32_bits(a);
-    // Normal range: round the f32 mantissa to 3 bits (nearest even) and
+    // Normal range: round the f32 mantissa to MAN bits (nearest even) and
     // rebias the exponent; a carry moves into the exponent.
-    u32 normal = ((bits + 0x7ffffu + ((bits >> 20) & 1u)) >> 20) - ((127u - BIAS) << 3);
-    // Subnormal range: adding 2^(21 - BIAS) rounds a (nearest even) to a
-    // multiple of the subnormal quantum 2^(-2 - BIAS); the low bits are the
-    // code (8 is the smallest normal, which is right).
-    float magic = bits_f32((127u + 21u - BIAS) << 23);
+    const u32 drop = 23u - MAN;
+    u32 normal = ((bits + ((1u << (drop - 1u)) - 1u) + ((bits >> drop) & 1u)) >> drop) - ((127u - BIAS) << MAN);
+    // Subnormal range: adding 2^(24 - MAN - BIAS) rounds a (nearest even) to
+    // a multiple of the subnormal quantum 2^(1 - MAN - BIAS); the low bits
+    // are the code (2^MAN is the smallest normal, which is right).
+    float magic = bits_f32((127u + 24u - MAN - BIAS) << 23);
     u32 subnormal = f32_bits(__fadd_rn(a, magic)) - f32_bits(magic);
     float min_normal = bits_f32((128u - BIAS) << 23);
     return a < min_normal ? subnormal : normal;
@@ -141,7 +144,14 @@ __device__ __forceinline__ u32 round_magnitude(float q, float max) {
 __device__ __forceinline__ u32 f32_to_e4m3(float q) {
     if (q != q) q = 0.0f;
     u32 sign = (f32_bits(q) >> 24) & 0x80u;
-    return sign | round_magnitude<7>(q, 448.0f);
+    return sign | round_magnitude<7, 3>(q, 448.0f);
+}
+
+// f32 -> float8 e4m3fn as cvt.rn.satfinite.e4m3x2.f32: as f32_to_e4m3, but
+// NaN encodes as NaN (0x7f with the input's sign).
+__device__ __forceinline__ u32 f32_to_e4m3_satfinite(float q) {
+    if (q != q) return 0x7fu | ((f32_bits(q) >> 24) & 0x80u);
+    return f32_to_e4m3(q);
 }
 
 // float8 e4m3fn -> f32, exact; 0x7f and 0xff decode to the NaN 0x7fc00000.
@@ -157,13 +167,28 @@ __device__ __forceinline__ float e4m3_to_f32(u32 c) {
 __device__ __forceinline__ u32 f32_to_e2m3(float q) {
     if (q != q) q = 0.0f;
     u32 sign = (f32_bits(q) >> 26) & 0x20u;
-    return sign | round_magnitude<1>(q, 7.5f);
+    return sign | round_magnitude<1, 3>(q, 7.5f);
 }
 
 // 6-bit E2M3 -> f32, exact.
 __device__ __forceinline__ float e2m3_to_f32(u32 c) {
     float mag = __fmul_rn(bits_f32((c & 0x1fu) << 20), bits_f32((127u + 126u) << 23));
     return bits_f32(f32_bits(mag) | ((c & 0x20u) << 26));
+}
+
+// f32 -> 4-bit E2M1 (bit 3 sign, bits 2:1 exponent, bit 0 mantissa) as
+// cvt.rn.satfinite.e2m1x2.f32: round to nearest even, saturating to +-6, the
+// sign kept for zeros and underflows, NaN encoded as +6.
+__device__ __forceinline__ u32 f32_to_e2m1(float q) {
+    if (q != q) return 0x7u;
+    u32 sign = (f32_bits(q) >> 28) & 0x8u;
+    return sign | round_magnitude<1, 1>(q, 6.0f);
+}
+
+// 4-bit E2M1 -> f32, exact.
+__device__ __forceinline__ float e2m1_to_f32(u32 c) {
+    float mag = __fmul_rn(bits_f32((c & 0x7u) << 22), bits_f32((127u + 126u) << 23));
+    return bits_f32(f32_bits(mag) | ((c & 0x8u) << 28));
 }
 
 // Scale a UE8M0 byte stands for: 2^(byte - 127); 255 is NaN.
@@ -309,6 +334,58 @@ __device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const voi
     write_rope(kpe, t, kpe_stride, kpe_elem, dst + 3 * R / 4 + R / 32, P, lane);
 }
 
+// nvfp4_ds_mla: byte of the scale section holding group g's scale, for S
+// groups (a multiple of 4): a 4-row transpose, 8 * (g & 3) + (g >> 2) for
+// S = 32.
+__device__ __forceinline__ int scale_byte(int g, int S) { return S / 4 * (g % 4) + g / 4; }
+
+// nvfp4_ds_mla: groups of 16 values, lane l owns groups l, l + 32, ...; its
+// 8 code bytes are stored as two 32-bit words. The scale is
+// e4m3(max(amax / 6, 2^-9)) with amax ignoring NaN; codes are
+// e2m1(x * (1 / scale)).
+template <class In>
+__device__ void write_nvfp4(const typename In::T* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride,
+                            int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
+                            i64 num_slots, int R, int P, int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    u8* dst = write_dest(slots, t, cache, num_slots, bpt);
+    if (dst == 0) return;
+    const typename In::T* x = ckv + t * ckv_stride;
+    u8* scales = dst + R / 2 + P;
+    int S = R / 16;
+    for (int g = lane; g < S; g += 32) {
+        float v[16];
+        float amax = 0.0f;
+        for (int k = 0; k < 16; ++k) {
+            v[k] = In::to_f32(x[g * 16 + k]);
+            float a = fabsf(v[k]);
+            amax = a > amax ? a : amax;  // NaN is ignored, Inf is kept
+        }
+        u32 scale = f32_to_e4m3(fmaxf(__fdiv_rn(amax, 6.0f), 0.001953125f));
+        float inv = __fdiv_rn(1.0f, e4m3_to_f32(scale));
+        u32 words[2] = {0u, 0u};
+        for (int k = 0; k < 16; ++k) words[k / 8] |= f32_to_e2m1(__fmul_rn(v[k], inv)) << (4 * (k % 8));
+        // 8 bytes at dst + 8g; bpt is a multiple of 4, so 32-bit stores.
+        u32* out = (u32*)(dst + 8 * g);
+        out[0] = words[0];
+        out[1] = words[1];
+        scales[scale_byte(g, S)] = (u8)scale;
+    }
+    u8* rope = dst + R / 2;
+    if (kpe_elem == 0) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) rope[i] = (u8)f32_to_e4m3_satfinite(InBf16::to_f32(r[i]));
+    } else if (kpe_elem == 1) {
+        const u16* r = (const u16*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) rope[i] = (u8)f32_to_e4m3_satfinite(InF16::to_f32(r[i]));
+    } else {
+        const float* r = (const float*)kpe + t * kpe_stride;
+        for (int i = lane; i < P; i += 32) rope[i] = (u8)f32_to_e4m3_satfinite(r[i]);
+    }
+}
+
 #define WRITE_KERNEL(NAME, IMPL, IN)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
         NAME(const void* ckv, i64 ckv_stride, const void* kpe, i64 kpe_stride, int kpe_elem,    \
@@ -327,6 +404,9 @@ WRITE_KERNEL(mla_write_fp8_ds_mla_from_f32, write_fp8, InF32)
 WRITE_KERNEL(mla_write_mxfp6_from_bf16, write_mxfp6, InBf16)
 WRITE_KERNEL(mla_write_mxfp6_from_f16, write_mxfp6, InF16)
 WRITE_KERNEL(mla_write_mxfp6_from_f32, write_mxfp6, InF32)
+WRITE_KERNEL(mla_write_nvfp4_ds_mla_from_bf16, write_nvfp4, InBf16)
+WRITE_KERNEL(mla_write_nvfp4_ds_mla_from_f16, write_nvfp4, InF16)
+WRITE_KERNEL(mla_write_nvfp4_ds_mla_from_f32, write_nvfp4, InF32)
 
 // ---------------------------------------------------------------------------
 // Gather: token i of the sequence lives in block block_table[i / block_size]
@@ -422,6 +502,28 @@ __device__ void gather_mxfp6(const u8* cache, const u32* block_table, i64 num_to
     gather_rope<Out>(src + 3 * R / 4 + R / 32, y + R, P, lane);
 }
 
+template <class Out>
+__device__ void gather_nvfp4(const u8* cache, const u32* block_table, i64 num_tokens,
+                             int block_size, i64 num_blocks, typename Out::T* out, i64 out_stride,
+                             int R, int P, int bpt) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    typename Out::T* y = out + t * out_stride;
+    const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
+    if (src == 0) return;
+    const u8* rope = src + R / 2;
+    const u8* scales = rope + P;
+    for (int i = lane; i < R; i += 32) {
+        u32 code = ((u32)src[i / 2] >> (4 * (i & 1))) & 0xfu;
+        u32 sc = scales[scale_byte(i / 16, R / 16)];
+        // A NaN scale code decodes to the NaN 0x7fc00000 whatever the code.
+        float v = (sc & 0x7fu) == 0x7fu ? e4m3_to_f32(sc) : __fmul_rn(e2m1_to_f32(code), e4m3_to_f32(sc));
+        y[i] = Out::from_f32(v);
+    }
+    for (int i = lane; i < P; i += 32) y[R + i] = Out::from_f32(e4m3_to_f32(rope[i]));
+}
+
 #define GATHER_KERNEL(NAME, IMPL, OUT)                                                          \
     extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
         NAME(const u8* cache, const u32* block_table, i64 num_tokens, int block_size,           \
@@ -436,6 +538,8 @@ GATHER_KERNEL(mla_gather_fp8_ds_mla_to_bf16, gather_fp8, OutBf16)
 GATHER_KERNEL(mla_gather_fp8_ds_mla_to_f32, gather_fp8, OutF32)
 GATHER_KERNEL(mla_gather_mxfp6_to_bf16, gather_mxfp6, OutBf16)
 GATHER_KERNEL(mla_gather_mxfp6_to_f32, gather_mxfp6, OutF32)
+GATHER_KERNEL(mla_gather_nvfp4_ds_mla_to_bf16, gather_nvfp4, OutBf16)
+GATHER_KERNEL(mla_gather_nvfp4_ds_mla_to_f32, gather_nvfp4, OutF32)
 
 // ---------------------------------------------------------------------------
 // copy_blocks: for every layer (blockIdx.y) and pair p < pairs.n (blockIdx.x),

@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn every_kernel_is_defined_once_in_the_source() {
         let kernels = Kernel::all();
-        assert_eq!(kernels.len(), 3 * 3 + 3 * 2 + 1);
+        assert_eq!(kernels.len(), 4 * 3 + 4 * 2 + 1);
         for kernel in &kernels {
             let name = kernel.name();
             // Defined by a WRITE_KERNEL/GATHER_KERNEL line or a plain definition.

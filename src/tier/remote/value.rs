@@ -10,7 +10,7 @@
 //! offset size field
 //!      0    4 magic "MLAB"
 //!      4    2 version (1), little-endian like every field
-//!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6)
+//!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6, 3 nvfp4_ds_mla)
 //!      7    1 zero
 //!      8    4 layers
 //!     12    4 tokens per block
