@@ -48,6 +48,8 @@ shared=(-Iinclude "-L$lib" -lmla_cache "-Wl,-rpath,$lib" -lm)
 static=(-Iinclude "$lib/libmla_cache.a" "${static_deps[@]}" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_abi.c "${shared[@]}" -o "$out/test_abi"
+gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_hardening.c "${shared[@]}" -o "$out/test_hardening"
+gcc -std=c11 -pedantic "${warn[@]}" tests/c/test_oom.c "${shared[@]}" -o "$out/test_oom"
 g++ -std=c++17 -pthread "${warn[@]}" tests/c/test_threads.cpp "${shared[@]}" -o "$out/test_threads"
 g++ -std=c++17 -pedantic "${warn[@]}" examples/cpp/example.cpp "${static[@]}" -o "$out/example"
 
@@ -59,6 +61,9 @@ if [[ $valgrind == 1 ]]; then
 fi
 
 "${run[@]}" "$out/test_abi"
+"${run[@]}" "$out/test_hardening"
+# An address-space limit would break valgrind's own mappings: run it bare.
+"$out/test_oom"
 "${run[@]}" "$out/test_threads"
 "${run[@]}" "$out/example" >/dev/null
 echo "example: passed"

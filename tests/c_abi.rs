@@ -1,6 +1,8 @@
 //! Builds the C and C++ programs under `tests/c/` and `examples/cpp/`
 //! against the library cargo built for this test run, and runs them:
 //! - `test_abi.c`: every function and error status, linked to the shared library;
+//! - `test_hardening.c`: overflowing sizes, bad multimodal ranges, stale handles;
+//! - `test_oom.c`: allocation failure under an address-space limit is a status;
 //! - `test_threads.cpp`: 8 threads of random operations on one manager;
 //! - `examples/cpp/example.cpp`: linked to the static library.
 
@@ -100,6 +102,32 @@ fn c_program_exercises_every_function_and_status() {
     let out = run(&mut Command::new(&exe), "test_abi");
     let summary = out.lines().last().unwrap_or_default();
     assert!(summary.ends_with(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn c_program_hits_every_bound_and_stale_handle() {
+    let exe = build(
+        "gcc",
+        &["-std=c11", "-pedantic"],
+        "tests/c/test_hardening.c",
+        "test_hardening",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_hardening");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn allocation_failure_is_a_status_not_an_abort() {
+    let exe = build(
+        "gcc",
+        &["-std=c11", "-pedantic"],
+        "tests/c/test_oom.c",
+        "test_oom",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_oom");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
 }
 
 #[test]
