@@ -88,15 +88,17 @@ impl ExtraKeys {
         self.adapter.is_none() && self.salt.is_none() && self.mm.is_empty()
     }
 
-    /// Checks that every multimodal input covers a non-empty range inside a
-    /// prompt of `prompt_len` tokens ([`Error::InvalidArgument`] otherwise).
-    pub fn check(&self, prompt_len: usize) -> Result<()> {
+    /// Checks that every multimodal input covers a non-empty range that ends
+    /// within `max_tokens` (the most tokens a request can hold), without
+    /// overflow ([`Error::InvalidArgument`] otherwise). A range may end past
+    /// the tokens given so far: a prompt can be admitted in parts.
+    pub fn check(&self, max_tokens: usize) -> Result<()> {
         for (i, m) in self.mm.iter().enumerate() {
             let end = m.offset.checked_add(m.length);
-            if m.length == 0 || end.is_none_or(|end| end > prompt_len) {
+            if m.length == 0 || end.is_none_or(|end| end > max_tokens) {
                 return Err(Error::InvalidArgument(format!(
                     "multimodal input {i} ({:?}) covers tokens {}..{}+{}, which is {} \
-                     a prompt of {prompt_len} tokens",
+                     the {max_tokens} tokens a request can hold",
                     m.hash,
                     m.offset,
                     m.offset,

@@ -166,7 +166,7 @@ impl BlockManager {
                 total: self.config.num_blocks,
             });
         }
-        opts.keys.check(tokens.len())?;
+        opts.keys.check(self.config.num_tokens())?;
         let keys = self.prefixes.hasher.digest(&opts.keys);
         let hashes = self.prefixes.chain(tokens, &keys);
         let hit_limit = if self.config.cap_hit_at_last_token {

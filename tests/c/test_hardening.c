@@ -1,6 +1,6 @@
 /*
  * Bad input the C API must refuse with a status and a message, changing
- * nothing: sizes that would overflow, multimodal ranges outside the prompt,
+ * nothing: sizes that would overflow, multimodal ranges no request can hold,
  * destroyed handles whose slot a new object took. Built and run by
  * tests/c_abi.rs and scripts/c-tests.sh (also under valgrind).
  */
@@ -82,7 +82,8 @@ static void test_size_overflow(void) {
     OK(mla_config_destroy(config));
 }
 
-/* Multimodal inputs must cover a non-empty range inside the prompt. */
+/* Multimodal inputs must cover a non-empty range that a request can hold
+ * (16 blocks of 4 tokens: 64 tokens at most). */
 static void test_multimodal_ranges(void) {
     MlaConfig *config = config_of(16);
     MlaManager *manager = NULL;
@@ -96,18 +97,20 @@ static void test_multimodal_ranges(void) {
         size_t offset, length;
         const char *why;
     } bad[] = {
-        {6, 4, "outside"},        /* past the end */
-        {8, 1, "outside"},        /* starts at the end */
+        {60, 8, "outside"},       /* past the end of any request */
+        {64, 1, "outside"},       /* starts at the end */
         {2, 0, "empty"},          /* empty */
         {SIZE_MAX, 1, "outside"}, /* offset + length wraps */
         {1, SIZE_MAX, "outside"},
     };
+    MlaMultiModalKey mm = {"image-hash", 0, 0};
+    MlaAdmitOptions options;
+    memset(&options, 0, sizeof options);
+    options.keys.mm = &mm;
+    options.keys.num_mm = 1;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        MlaMultiModalKey mm = {"image-hash", bad[i].offset, bad[i].length};
-        MlaAdmitOptions options;
-        memset(&options, 0, sizeof options);
-        options.keys.mm = &mm;
-        options.keys.num_mm = 1;
+        mm.offset = bad[i].offset;
+        mm.length = bad[i].length;
         EXPECT(mla_manager_admit(manager, 1, tokens, 8, &options, ids, 4, &n, &cached),
                MLA_STATUS_INVALID_ARGUMENT);
         CHECK(LAST_ERROR_HAS("multimodal input 0"));
@@ -116,14 +119,15 @@ static void test_multimodal_ranges(void) {
         CHECK(free_after == free_before);
         OK(mla_manager_check_invariants(manager));
     }
-    /* The whole prompt is a valid range; the request is then admitted. */
-    MlaMultiModalKey mm = {"image-hash", 0, 8};
-    MlaAdmitOptions options;
-    memset(&options, 0, sizeof options);
-    options.keys.mm = &mm;
-    options.keys.num_mm = 1;
+    /* Inside the prompt, or past the tokens given so far (a prompt may be
+     * admitted in parts): admitted. */
+    mm.offset = 0;
+    mm.length = 8;
     OK(mla_manager_admit(manager, 1, tokens, 8, &options, ids, 4, &n, &cached));
     CHECK(n == 2);
+    mm.offset = 6;
+    mm.length = 58;
+    OK(mla_manager_admit(manager, 2, tokens, 8, &options, ids, 4, &n, &cached));
     OK(mla_manager_destroy(manager));
     OK(mla_config_destroy(config));
 }
