@@ -5,10 +5,14 @@
  * Conventions:
  *  - Every function returns an MlaStatus (the string getters mla_last_error,
  *    mla_status_name, mla_version and mla_dtype_name excepted). On failure,
- *    mla_last_error() describes it for the calling thread, and nothing changed.
- *  - Objects are opaque handles with explicit create/destroy functions. Null,
- *    destroyed or foreign handles are reported (MLA_STATUS_NULL_POINTER,
- *    MLA_STATUS_INVALID_HANDLE), not dereferenced.
+ *    mla_last_error() describes it for the calling thread, and nothing changed:
+ *    in particular every `*out` is left untouched (only the length output of
+ *    MLA_STATUS_BUFFER_TOO_SMALL is written). A panic prints nothing; it is
+ *    MLA_STATUS_PANIC with its message and location in mla_last_error().
+ *  - Objects are opaque handles with explicit create/destroy functions. A handle
+ *    is not an address: null, destroyed (even when a new object took its place),
+ *    foreign or wrongly typed handles are reported (MLA_STATUS_NULL_POINTER,
+ *    MLA_STATUS_INVALID_HANDLE "stale handle"), never dereferenced.
  *  - Output arrays belong to the caller and come with a capacity; when it is too
  *    small the call returns MLA_STATUS_BUFFER_TOO_SMALL and writes the length it
  *    needs to the length output.
@@ -143,6 +147,11 @@ enum MlaStatus
      * mla_cache panicked; the message says where. The handle may be unusable.
      */
     MLA_STATUS_PANIC = 19,
+    /**
+     * Memory for a structure sized by the arguments (a manager's blocks, a
+     * store's or tier's buffers) could not be allocated; nothing was created.
+     */
+    MLA_STATUS_OUT_OF_MEMORY = 20,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -1422,13 +1431,18 @@ MlaStatus mla_config_get(const struct MlaConfig *config, struct MlaConfigInfo *o
 
 /**
  * Checks that the configuration describes a usable cache; the message of
- * `MLA_STATUS_INVALID_CONFIG` names the offending field.
+ * `MLA_STATUS_INVALID_CONFIG` names the offending field. Every field is
+ * bounded (`num_blocks` < 2^32 - 1, `block_size` <= 65,536, `num_layers`
+ * <= 4,096, `kv_lora_rank` and `rope_dim` <= 65,536) and so is every size
+ * derived from them (the whole cache's bytes fit the address space).
  * Thread safety: thread-safe.
  */
 MlaStatus mla_config_validate(const struct MlaConfig *config);
 
 /**
- * Sizes derived from a valid configuration (fails like `mla_config_validate`).
+ * Sizes derived from a valid configuration (fails like `mla_config_validate`,
+ * whose bounds on every field keep each size representable). On failure
+ * `*out` is untouched.
  *
  * # Safety
  * `out` must be valid for a write.
@@ -1438,7 +1452,8 @@ MlaStatus mla_config_validate(const struct MlaConfig *config);
 MlaStatus mla_config_sizes(const struct MlaConfig *config, struct MlaConfigSizes *out);
 
 /**
- * How many blocks (all layers) of a valid configuration fit in `bytes`.
+ * How many blocks (all layers) of a valid configuration fit in `bytes`
+ * (fails like `mla_config_validate`). On failure `*out` is untouched.
  *
  * # Safety
  * `out` must be valid for a write.
@@ -1467,7 +1482,9 @@ const char *mla_dtype_name(uint32_t dtype);
 
 /**
  * Bytes one token of one layer takes in `dtype` for the given latent
- * widths (`MLA_STATUS_INVALID_CONFIG` if the widths do not fit the format).
+ * widths: `MLA_STATUS_INVALID_CONFIG` if the widths do not fit the format,
+ * `MLA_STATUS_INVALID_ARGUMENT` if one exceeds 65,536
+ * (`CacheConfig::MAX_LATENT_WIDTH`). On failure `*out` is untouched.
  *
  * # Safety
  * `out` must be valid for a write.
@@ -1537,7 +1554,8 @@ MlaStatus mla_event_list_destroy(struct MlaEventList *list);
 /**
  * Creates a block manager for a configuration (copied: the configuration
  * handle may be destroyed or changed afterwards). Fails with
- * `MLA_STATUS_INVALID_CONFIG` if the configuration is invalid.
+ * `MLA_STATUS_INVALID_CONFIG` if the configuration is invalid,
+ * `MLA_STATUS_OUT_OF_MEMORY` if its per-block arrays cannot be allocated.
  *
  * # Safety
  * `out` must be valid for a write; `*out` receives the new handle.
@@ -2047,8 +2065,9 @@ const char *mla_version(void);
 /**
  * Creates a zeroed store in host memory for a configuration (copied).
  * With `huge_pages`, backs it with huge pages where the system allows
- * (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG` or,
- * when memory cannot be mapped, `MLA_STATUS_STORAGE`.
+ * (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG`,
+ * `MLA_STATUS_OUT_OF_MEMORY` when the system has no memory for it, or
+ * `MLA_STATUS_STORAGE` when the mapping fails otherwise.
  *
  * # Safety
  * `out` must be valid for a write; `*out` receives the new handle.

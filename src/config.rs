@@ -62,8 +62,17 @@ impl Dtype {
     }
 
     /// Bytes one token of one layer takes, or an error if the dims do not fit
-    /// the format (the NoPE width must be a multiple of the group size).
+    /// the format (the NoPE width must be a positive multiple of the group
+    /// size) or exceed [`CacheConfig::MAX_LATENT_WIDTH`].
     pub fn bytes_per_token(self, kv_lora_rank: usize, rope_dim: usize) -> Result<usize> {
+        for (name, width) in [("kv_lora_rank", kv_lora_rank), ("rope_dim", rope_dim)] {
+            if width > CacheConfig::MAX_LATENT_WIDTH {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} {width} exceeds {}",
+                    CacheConfig::MAX_LATENT_WIDTH
+                )));
+            }
+        }
         if kv_lora_rank == 0 {
             return Err(Error::InvalidConfig("kv_lora_rank must be positive".into()));
         }
@@ -75,6 +84,7 @@ impl Dtype {
                 self.name()
             )));
         }
+        // Both widths are bounded above, so none of this can overflow.
         let rope = 2 * rope_dim;
         Ok(match self {
             Dtype::Bf16 => 2 * kv_lora_rank + rope,
@@ -109,7 +119,17 @@ impl FromStr for Dtype {
 
 /// Which cached free blocks are evicted first.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+    strum::VariantArray,
+    strum::Display,
 )]
 #[strum(serialize_all = "snake_case")]
 #[repr(C)]
@@ -145,33 +165,46 @@ impl EvictionPolicyKind {
     }
 }
 
-impl fmt::Display for EvictionPolicyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl FromStr for EvictionPolicyKind {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let name = s.to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
-                Error::InvalidConfig(format!(
-                    "unknown eviction policy {s:?} (expected {})",
-                    names.join(", ")
-                ))
-            })
+        from_name(s, "eviction policy")
     }
+}
+
+/// Finds the variant of the name (case ignored) strum derives, listing the
+/// names in the error.
+fn from_name<T>(s: &str, what: &str) -> Result<T>
+where
+    T: strum::VariantArray + Copy + Into<&'static str>,
+{
+    let names = || T::VARIANTS.iter().map(|&v| v.into());
+    T::VARIANTS
+        .iter()
+        .copied()
+        .find(|&v| s.eq_ignore_ascii_case(v.into()))
+        .ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "unknown {what} {s:?} (expected {})",
+                names().collect::<Vec<&str>>().join(", ")
+            ))
+        })
 }
 
 /// How block hashes are computed.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+    strum::VariantArray,
+    strum::Display,
 )]
 #[strum(serialize_all = "snake_case")]
 #[repr(C)]
@@ -200,27 +233,11 @@ impl BlockHashKind {
     }
 }
 
-impl fmt::Display for BlockHashKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl FromStr for BlockHashKind {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        let name = s.to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
-                Error::InvalidConfig(format!(
-                    "unknown block hash {s:?} (expected {})",
-                    names.join(", ")
-                ))
-            })
+        from_name(s, "block hash")
     }
 }
 
@@ -399,6 +416,14 @@ impl CacheConfig {
     pub const DEFAULT_BLOCK_SIZE: usize = 64;
     /// Default of [`CacheConfig::max_pending_events`] (vLLM's event queue size).
     pub const DEFAULT_MAX_PENDING_EVENTS: usize = 100_000;
+    /// Most blocks a cache may have (block ids are 32-bit, one value reserved).
+    pub const MAX_NUM_BLOCKS: usize = u32::MAX as usize - 1;
+    /// Largest `block_size` accepted.
+    pub const MAX_BLOCK_SIZE: usize = 1 << 16;
+    /// Largest `num_layers` accepted.
+    pub const MAX_NUM_LAYERS: usize = 1 << 12;
+    /// Largest `kv_lora_rank` and `rope_dim` accepted.
+    pub const MAX_LATENT_WIDTH: usize = 1 << 16;
 
     /// A DeepSeek-geometry config (512 + 64, 1 layer, bf16) with `num_blocks`
     /// blocks of 64 tokens.
@@ -439,47 +464,68 @@ impl CacheConfig {
         }
     }
 
-    /// Checks that the configuration describes a usable cache.
+    /// Checks that the configuration describes a usable cache: every field
+    /// within its bound, and every size derived from them (up to
+    /// [`CacheConfig::total_bytes`] and the slot numbers) representable, so
+    /// that no later computation on a valid config overflows or divides by zero.
     pub fn validate(&self) -> Result<()> {
-        let invalid = |m: String| Err(Error::InvalidConfig(m));
-        if self.num_blocks == 0 {
-            return invalid("num_blocks must be positive".into());
-        }
-        if self.num_blocks > u32::MAX as usize - 1 {
-            return invalid(format!(
-                "num_blocks {} exceeds {}",
-                self.num_blocks,
-                u32::MAX - 1
-            ));
-        }
-        if self.block_size == 0 {
-            return invalid("block_size must be positive".into());
-        }
-        if self
-            .num_blocks
-            .checked_mul(self.block_size)
-            .is_none_or(|t| t > i64::MAX as usize)
-        {
-            return invalid("num_blocks x block_size overflows a slot number".into());
-        }
-        if self.num_layers == 0 {
-            return invalid("num_layers must be positive".into());
+        let bounded = |name: &str, value: usize, max: usize| {
+            if value == 0 {
+                Err(Error::InvalidConfig(format!("{name} must be positive")))
+            } else if value > max {
+                Err(Error::InvalidConfig(format!(
+                    "{name} {value} exceeds {max}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        bounded("num_blocks", self.num_blocks, Self::MAX_NUM_BLOCKS)?;
+        bounded("block_size", self.block_size, Self::MAX_BLOCK_SIZE)?;
+        bounded("num_layers", self.num_layers, Self::MAX_NUM_LAYERS)?;
+        bounded("kv_lora_rank", self.kv_lora_rank, Self::MAX_LATENT_WIDTH)?;
+        if self.rope_dim > Self::MAX_LATENT_WIDTH {
+            return Err(Error::InvalidConfig(format!(
+                "rope_dim {} exceeds {}",
+                self.rope_dim,
+                Self::MAX_LATENT_WIDTH
+            )));
         }
         if self.max_pending_events == 0 {
-            return invalid("max_pending_events must be positive".into());
+            return Err(Error::InvalidConfig(
+                "max_pending_events must be positive".into(),
+            ));
         }
-        self.dtype
+        let per_token = self
+            .dtype
             .bytes_per_token(self.kv_lora_rank, self.rope_dim)?;
+        let tokens = checked_mul(self.num_blocks, self.block_size, "num_blocks x block_size")?;
+        if tokens > i64::MAX as usize {
+            return Err(Error::InvalidConfig(
+                "num_blocks x block_size overflows a slot number".into(),
+            ));
+        }
+        let per_block = checked_mul(per_token, self.block_size, "bytes per block")?;
+        let per_block = checked_mul(per_block, self.num_layers, "bytes per block")?;
+        let total = checked_mul(per_block, self.num_blocks, "the cache's total bytes")?;
+        if total > isize::MAX as usize {
+            return Err(Error::InvalidConfig(format!(
+                "the cache's total bytes ({total}) exceed the address space"
+            )));
+        }
         if let Some(budget) = self.pin_budget_blocks {
             if budget > self.num_blocks {
-                return invalid(format!(
+                return Err(Error::InvalidConfig(format!(
                     "pin_budget_blocks {budget} exceeds num_blocks {}",
                     self.num_blocks
-                ));
+                )));
             }
         }
         Ok(())
     }
+
+    // The sizes below never overflow on a config that `validate` accepted,
+    // which every constructor taking a config checks first.
 
     /// Elements cached per token and layer (`kv_lora_rank + rope_dim`).
     pub fn elements_per_token(&self) -> usize {
@@ -521,13 +567,20 @@ impl CacheConfig {
 
     /// How many blocks (all layers) fit in `bytes`.
     pub fn blocks_for_bytes(&self, bytes: u64) -> usize {
-        (bytes / self.bytes_per_block() as u64) as usize
+        let blocks = bytes / self.bytes_per_block() as u64;
+        usize::try_from(blocks).unwrap_or(usize::MAX)
     }
 
     /// Pinned-block budget in effect.
     pub fn pin_budget(&self) -> usize {
         self.pin_budget_blocks.unwrap_or(self.num_blocks / 2)
     }
+}
+
+/// `a * b`, or an [`Error::InvalidConfig`] naming the product when it overflows.
+pub(crate) fn checked_mul(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| Error::InvalidConfig(format!("{what} overflows ({a} x {b})")))
 }
 
 impl Default for CacheConfig {

@@ -69,6 +69,14 @@ pub enum Error {
     /// A storage backend failed or is unavailable (no GPU, no driver, ...).
     #[error("storage: {0}")]
     Storage(String),
+    /// Memory for a structure sized by the caller could not be allocated.
+    #[error("out of memory: {what} needs {bytes} bytes")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
 }
 
 /// `Result` with the crate's [`Error`].

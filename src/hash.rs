@@ -16,6 +16,7 @@ use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
 
 use crate::config::BlockHashKind;
 use crate::engine_hash::{self, EngineDigest};
+use crate::error::{Error, Result};
 use crate::ids::TokenId;
 
 /// The 128-bit hash of a full block and its whole prefix.
@@ -85,6 +86,28 @@ impl ExtraKeys {
     /// True when no extra key is set.
     pub fn is_empty(&self) -> bool {
         self.adapter.is_none() && self.salt.is_none() && self.mm.is_empty()
+    }
+
+    /// Checks that every multimodal input covers a non-empty range that ends
+    /// within `max_tokens` (the most tokens a request can hold), without
+    /// overflow ([`Error::InvalidArgument`] otherwise). A range may end past
+    /// the tokens given so far: a prompt can be admitted in parts.
+    pub fn check(&self, max_tokens: usize) -> Result<()> {
+        for (i, m) in self.mm.iter().enumerate() {
+            let end = m.offset.checked_add(m.length);
+            if m.length == 0 || end.is_none_or(|end| end > max_tokens) {
+                return Err(Error::InvalidArgument(format!(
+                    "multimodal input {i} ({:?}) covers tokens {}..{}+{}, which is {} \
+                     the {max_tokens} tokens a request can hold",
+                    m.hash,
+                    m.offset,
+                    m.offset,
+                    m.length,
+                    if m.length == 0 { "empty in" } else { "outside" },
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

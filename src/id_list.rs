@@ -1,5 +1,7 @@
 //! An intrusive doubly linked list over block ids.
 
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::ids::BlockId;
 
 const NIL: u32 = u32::MAX;
@@ -22,15 +24,15 @@ pub(crate) struct IdList {
 }
 
 impl IdList {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            prev: vec![NIL; capacity],
-            next: vec![NIL; capacity],
-            member: vec![false; capacity],
+    pub(crate) fn new(capacity: usize) -> Result<Self> {
+        Ok(Self {
+            prev: filled(capacity, NIL, "a block list")?,
+            next: filled(capacity, NIL, "a block list")?,
+            member: filled(capacity, false, "a block list")?,
             head: NIL,
             tail: NIL,
             len: 0,
-        }
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -108,7 +110,7 @@ mod tests {
 
     #[test]
     fn list_keeps_order_through_removals() {
-        let mut l = IdList::new(8);
+        let mut l = IdList::new(8).unwrap();
         for b in [3, 1, 4, 5] {
             l.push_back(b);
         }

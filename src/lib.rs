@@ -44,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod codec;
 pub mod config;
 mod engine_hash;

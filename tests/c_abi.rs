@@ -3,6 +3,8 @@
 //! - `test_abi.c`: every function and error status, linked to the shared library;
 //! - `test_batch.c`: the batched calls, the request queries, the enums' widths;
 //! - `test_wrapper.cpp`: the C++ wrapper `mla_cache.hpp` and batched decode steps;
+//! - `test_hardening.c`: overflowing sizes, bad multimodal ranges, stale handles;
+//! - `test_oom.c`: allocation failure under an address-space limit is a status;
 //! - `test_threads.cpp`: 8 threads of random operations on one manager;
 //! - `examples/cpp/example.cpp`: linked to the static library.
 
@@ -34,12 +36,31 @@ fn out_dir() -> PathBuf {
     dir
 }
 
+/// The library's SONAME, `libmla_cache.so.MAJOR`.
+const SONAME: &str = concat!("libmla_cache.so.", env!("CARGO_PKG_VERSION_MAJOR"));
+
+/// A directory where the programs find the library under its SONAME (a
+/// link to this run's `libmla_cache.so`), one per profile.
+fn soname_dir() -> PathBuf {
+    let lib = lib_dir();
+    let profile = lib.parent().and_then(Path::file_name).unwrap();
+    let dir = out_dir().join("lib").join(profile);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Made aside and renamed over: tests running in parallel never see the
+    // link missing.
+    let tmp = dir.join(format!("{SONAME}.{:?}", std::thread::current().id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(lib.join("libmla_cache.so"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join(SONAME)).unwrap();
+    dir
+}
+
 fn run(cmd: &mut Command, what: &str) -> String {
     // cargo's LD_LIBRARY_PATH names target/<profile> too, whose uplifted
     // library may come from another build (other features); it would take
     // precedence over the programs' run path.
     let out = cmd
-        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("LD_LIBRARY_PATH", soname_dir())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -68,7 +89,7 @@ fn build(compiler: &str, flags: &[&str], source: &str, name: &str, shared: bool)
     if shared {
         cmd.arg(format!("-L{}", lib.display()))
             .arg("-lmla_cache")
-            .arg(format!("-Wl,-rpath,{}", lib.display()));
+            .arg(format!("-Wl,-rpath,{}", soname_dir().display()));
     } else {
         cmd.arg(lib.join("libmla_cache.a")).args([
             "-lgcc_s",
@@ -118,6 +139,19 @@ fn c_program_exercises_the_batched_calls() {
 }
 
 #[test]
+fn c_program_hits_every_bound_and_stale_handle() {
+    let exe = build(
+        "gcc",
+        &["-std=c11", "-pedantic"],
+        "tests/c/test_hardening.c",
+        "test_hardening",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_hardening");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+#[test]
 fn cpp_wrapper_runs_batched_decode_steps() {
     let exe = build(
         "g++",
@@ -128,6 +162,42 @@ fn cpp_wrapper_runs_batched_decode_steps() {
     );
     let out = run(&mut Command::new(&exe), "test_wrapper");
     assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+fn allocation_failure_is_a_status_not_an_abort() {
+    let exe = build(
+        "gcc",
+        &["-std=c11", "-pedantic"],
+        "tests/c/test_oom.c",
+        "test_oom",
+        true,
+    );
+    let out = run(&mut Command::new(&exe), "test_oom");
+    assert!(out.contains(" passed, 0 failed"), "{out}");
+}
+
+/// What `tool args` prints about this run's shared library.
+fn inspect(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool)
+        .args(args)
+        .arg(lib_dir().join("libmla_cache.so"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {tool}: {e}"));
+    assert!(out.status.success(), "{tool} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_c_library_has_its_soname_and_no_python() {
+    let dynamic = inspect("readelf", &["-d"]);
+    assert!(
+        dynamic.contains(&format!("Library soname: [{SONAME}]")),
+        "{dynamic}"
+    );
+    assert!(!dynamic.contains("libpython"), "{dynamic}");
+    let symbols = inspect("nm", &["-D", "--defined-only"]);
+    assert!(symbols.contains(" mla_version\n"), "{symbols}");
+    assert!(!symbols.contains("PyInit_"), "{symbols}");
 }
 
 #[test]

@@ -129,3 +129,40 @@ def test_counts_are_checked(m, bad):
     error = TypeError if isinstance(bad, (float, str, type(None))) else ValueError
     with pytest.raises(error):
         m.admit(1, [1], decode_slots=bad)
+
+
+@pytest.mark.parametrize(
+    "offset,length",
+    [(250, 8), (256, 1), (2, 0), (2**64 - 1, 1), (1, 2**64 - 1)],
+    ids=["past-any-request", "at-the-end", "empty", "offset-max", "length-max"],
+)
+def test_multimodal_ranges_no_request_can_hold_are_refused(m, offset, length):
+    # 64 blocks of 4 tokens: no request holds more than 256 tokens.
+    before = m.stats()
+    with pytest.raises(ValueError, match="multimodal input 0"):
+        m.admit(1, list(range(8)), extra_keys={"mm": [("image", offset, length)]})
+    assert m.stats() == before
+    assert m.num_free_blocks == 64
+    m.admit(1, list(range(8)), extra_keys={"mm": [("image", 0, 8)]})
+    # Past the tokens admitted so far: a prompt may be admitted in parts.
+    m.admit(2, list(range(8)), extra_keys={"mm": [("image", 6, 250)]})
+
+
+def test_a_cache_too_large_for_memory_is_a_memory_error():
+    """Under a 4 GiB address-space limit (in a child process), 2^31 - 1 blocks
+    raise MemoryError instead of aborting the interpreter."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from mla_cache import BlockManager, CacheConfig\n"
+        "try:\n"
+        "    BlockManager(CacheConfig((1 << 31) - 1))\n"
+        "except MemoryError as e:\n"
+        "    print('MemoryError', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MemoryError out of memory"), out.stdout

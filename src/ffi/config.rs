@@ -396,7 +396,10 @@ pub unsafe extern "C" fn mla_config_get(
 }
 
 /// Checks that the configuration describes a usable cache; the message of
-/// `MLA_STATUS_INVALID_CONFIG` names the offending field.
+/// `MLA_STATUS_INVALID_CONFIG` names the offending field. Every field is
+/// bounded (`num_blocks` < 2^32 - 1, `block_size` <= 65,536, `num_layers`
+/// <= 4,096, `kv_lora_rank` and `rope_dim` <= 65,536) and so is every size
+/// derived from them (the whole cache's bytes fit the address space).
 /// Thread safety: thread-safe.
 #[no_mangle]
 pub extern "C" fn mla_config_validate(config: *const MlaConfig) -> MlaStatus {
@@ -405,7 +408,9 @@ pub extern "C" fn mla_config_validate(config: *const MlaConfig) -> MlaStatus {
     })
 }
 
-/// Sizes derived from a valid configuration (fails like `mla_config_validate`).
+/// Sizes derived from a valid configuration (fails like `mla_config_validate`,
+/// whose bounds on every field keep each size representable). On failure
+/// `*out` is untouched.
 ///
 /// # Safety
 /// `out` must be valid for a write.
@@ -436,7 +441,8 @@ pub unsafe extern "C" fn mla_config_sizes(
     })
 }
 
-/// How many blocks (all layers) of a valid configuration fit in `bytes`.
+/// How many blocks (all layers) of a valid configuration fit in `bytes`
+/// (fails like `mla_config_validate`). On failure `*out` is untouched.
 ///
 /// # Safety
 /// `out` must be valid for a write.
@@ -493,7 +499,9 @@ pub extern "C" fn mla_dtype_name(dtype: u32) -> *const c_char {
 }
 
 /// Bytes one token of one layer takes in `dtype` for the given latent
-/// widths (`MLA_STATUS_INVALID_CONFIG` if the widths do not fit the format).
+/// widths: `MLA_STATUS_INVALID_CONFIG` if the widths do not fit the format,
+/// `MLA_STATUS_INVALID_ARGUMENT` if one exceeds 65,536
+/// (`CacheConfig::MAX_LATENT_WIDTH`). On failure `*out` is untouched.
 ///
 /// # Safety
 /// `out` must be valid for a write.

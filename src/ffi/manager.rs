@@ -134,7 +134,8 @@ pub(crate) fn with<R>(
 
 /// Creates a block manager for a configuration (copied: the configuration
 /// handle may be destroyed or changed afterwards). Fails with
-/// `MLA_STATUS_INVALID_CONFIG` if the configuration is invalid.
+/// `MLA_STATUS_INVALID_CONFIG` if the configuration is invalid,
+/// `MLA_STATUS_OUT_OF_MEMORY` if its per-block arrays cannot be allocated.
 ///
 /// # Safety
 /// `out` must be valid for a write; `*out` receives the new handle.

@@ -3,24 +3,26 @@
 //! Conventions shared by every function:
 //! - every function returns an [`MlaStatus`] (a few string getters excepted);
 //!   on failure [`mla_last_error`] gives a message for the calling thread and
-//!   nothing was changed;
+//!   nothing was changed: every `*out` is left untouched (only the length
+//!   output of `MLA_STATUS_BUFFER_TOO_SMALL` is written);
 //! - objects are opaque handles with explicit create/destroy; a handle is
-//!   looked up in a registry of live handles before use, so a null, destroyed
-//!   or foreign pointer is reported (`MLA_STATUS_NULL_POINTER`,
-//!   `MLA_STATUS_INVALID_HANDLE`) instead of being dereferenced;
+//!   not an address but names a slot of a registry of live handles and its
+//!   generation ([`Registry`]), so a null, destroyed (even once a new
+//!   object took its slot), foreign or wrongly typed handle is reported
+//!   (`MLA_STATUS_NULL_POINTER`, `MLA_STATUS_INVALID_HANDLE`: "stale
+//!   handle" for a destroyed one) instead of being dereferenced;
 //! - output buffers belong to the caller and come with a capacity; when it
 //!   is too small the call fails with `MLA_STATUS_BUFFER_TOO_SMALL`, writes
 //!   the length it needs and changes nothing;
-//! - every body runs under `catch_unwind`: a panic becomes `MLA_STATUS_PANIC`;
+//! - every body runs under `catch_unwind`: a panic becomes `MLA_STATUS_PANIC`
+//!   and prints nothing (its message and location go to the last error);
 //! - handles are `Send + Sync` like the Rust types they wrap: any thread may
 //!   call any function on them, except that destroying a handle while other
 //!   threads still use it is an error of the caller (the calls in flight
-//!   finish first; later ones get `MLA_STATUS_INVALID_HANDLE`, unless the
-//!   address was reused by a new handle of the same type).
+//!   finish first; later ones get `MLA_STATUS_INVALID_HANDLE`).
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::ffi::{c_char, CStr};
-use std::marker::PhantomData;
 use std::sync::{PoisonError, RwLock};
 
 pub mod batch;
@@ -80,33 +82,98 @@ impl Failure {
 
 pub(crate) type FfiResult<T> = Result<T, Failure>;
 
-/// Live handles of one type, keyed by address. A call holds the read lock
-/// while it uses the handle, so `destroy` waits for calls in flight. (A
-/// B-tree rather than a hash set: its nodes are referenced from their start,
-/// so leak checkers see the registry as reachable.)
+/// Live handles of one type. A handle is not an address but a number that
+/// names a slot of this registry and the slot's generation, tagged with the
+/// type:
+///
+/// ```text
+///   bits 63..48: type tag (from the type's name; never 0, never an address)
+///   bits 47..32: generation of the slot (bumped on every destroy)
+///   bits 31..0:  slot index
+/// ```
+///
+/// so a destroyed handle stays detectably stale even after its slot holds a
+/// new object, and a handle of another type or a raw pointer is refused.
+/// A call holds the read lock while it uses the handle, so `destroy` waits
+/// for calls in flight.
 pub(crate) struct Registry<T> {
-    live: RwLock<BTreeSet<usize>>,
+    slab: RwLock<Slab<T>>,
     kind: &'static str,
-    _type: PhantomData<fn() -> T>,
+    tag: u64,
+}
+
+struct Slab<T> {
+    slots: Vec<Slot<T>>,
+    /// Free slots, oldest first: a slot is reused as late as possible.
+    free: VecDeque<u32>,
+}
+
+struct Slot<T> {
+    generation: u16,
+    value: Option<Box<T>>,
+}
+
+// Handles hold 64 bits (see `Registry`).
+const _: () = assert!(usize::BITS == 64, "the C ABI needs 64-bit pointers");
+
+const INDEX_BITS: u32 = 32;
+const GENERATION_BITS: u32 = 16;
+const TAG_SHIFT: u32 = INDEX_BITS + GENERATION_BITS;
+
+/// A 16-bit tag for the type named `kind` (FNV-1a), with its top bit set so
+/// that no handle is null or a user-space address.
+const fn tag_of(kind: &str) -> u64 {
+    let bytes = kind.as_bytes();
+    let mut hash: u32 = 0x811c_9dc5;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash = (hash ^ bytes[i] as u32).wrapping_mul(0x0100_0193);
+        i += 1;
+    }
+    ((hash ^ (hash >> 16)) as u64 & 0xffff) | 0x8000
+}
+
+/// Where a handle points: slot index and generation, if its tag is `tag`.
+fn decode(handle: usize, tag: u64) -> Option<(usize, u16)> {
+    let bits = handle as u64;
+    (bits >> TAG_SHIFT == tag).then_some((
+        (bits & ((1 << INDEX_BITS) - 1)) as usize,
+        ((bits >> INDEX_BITS) & ((1 << GENERATION_BITS) - 1)) as u16,
+    ))
 }
 
 impl<T: Sync> Registry<T> {
     pub(crate) const fn new(kind: &'static str) -> Self {
         Self {
-            live: RwLock::new(BTreeSet::new()),
+            slab: RwLock::new(Slab {
+                slots: Vec::new(),
+                free: VecDeque::new(),
+            }),
             kind,
-            _type: PhantomData,
+            tag: tag_of(kind),
         }
     }
 
     /// Moves `value` to the heap and registers it; returns the handle.
     pub(crate) fn register(&self, value: T) -> *mut T {
-        let ptr = Box::into_raw(Box::new(value));
-        self.live
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(ptr as usize);
-        ptr
+        let value = Box::new(value);
+        let mut slab = self.slab.write().unwrap_or_else(PoisonError::into_inner);
+        let index = match slab.free.pop_front() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(slab.slots.len()).expect("fewer than 2^32 live handles");
+                slab.slots.push(Slot {
+                    generation: 0,
+                    value: None,
+                });
+                i
+            }
+        };
+        let slot = &mut slab.slots[index as usize];
+        slot.value = Some(value);
+        let bits =
+            self.tag << TAG_SHIFT | u64::from(slot.generation) << INDEX_BITS | u64::from(index);
+        std::ptr::without_provenance_mut(bits as usize)
     }
 
     /// Runs `f` on the live handle `ptr`.
@@ -118,13 +185,9 @@ impl<T: Sync> Registry<T> {
         if ptr.is_null() {
             return Err(Failure::null(self.kind));
         }
-        let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
-        if !live.contains(&(ptr as usize)) {
-            return Err(self.not_live(ptr));
-        }
-        // SAFETY: registered pointers come from `Box::into_raw` and stay valid
-        // until `destroy` removes them, which needs the write lock we exclude.
-        f(unsafe { &*ptr })
+        let slab = self.slab.read().unwrap_or_else(PoisonError::into_inner);
+        let value = self.live(&slab, ptr as usize)?;
+        f(value)
     }
 
     /// Unregisters and drops the handle `ptr`.
@@ -132,28 +195,45 @@ impl<T: Sync> Registry<T> {
         if ptr.is_null() {
             return Err(Failure::null(self.kind));
         }
-        let removed = self
-            .live
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(ptr as usize));
-        if !removed {
-            return Err(self.not_live(ptr));
-        }
-        // SAFETY: it was registered, hence a `Box::into_raw` pointer, and no
-        // other call can reach it any more.
-        drop(unsafe { Box::from_raw(ptr) });
+        let mut slab = self.slab.write().unwrap_or_else(PoisonError::into_inner);
+        self.live(&slab, ptr as usize)?;
+        let (index, _) = decode(ptr as usize, self.tag).expect("checked live");
+        let slot = &mut slab.slots[index];
+        let value = slot.value.take();
+        slot.generation = slot.generation.wrapping_add(1);
+        slab.free.push_back(index as u32);
+        drop(slab);
+        drop(value);
         Ok(())
     }
 
-    fn not_live(&self, ptr: *const T) -> Failure {
-        Failure::new(
-            MlaStatus::InvalidHandle,
-            format!(
-                "{ptr:p} is not a live {} (destroyed, or never created)",
-                self.kind
-            ),
-        )
+    fn live<'a>(&self, slab: &'a Slab<T>, handle: usize) -> FfiResult<&'a T> {
+        let Some((index, generation)) = decode(handle, self.tag) else {
+            return Err(Failure::new(
+                MlaStatus::InvalidHandle,
+                format!(
+                    "{handle:#x} is not a live {} (never created, or of another type)",
+                    self.kind
+                ),
+            ));
+        };
+        match slab.slots.get(index) {
+            Some(Slot {
+                generation: g,
+                value: Some(value),
+            }) if *g == generation => Ok(value),
+            Some(_) => Err(Failure::new(
+                MlaStatus::InvalidHandle,
+                format!(
+                    "stale handle {handle:#x}: not a live {} (destroyed)",
+                    self.kind
+                ),
+            )),
+            None => Err(Failure::new(
+                MlaStatus::InvalidHandle,
+                format!("{handle:#x} is not a live {} (never created)", self.kind),
+            )),
+        }
     }
 }
 
@@ -311,5 +391,47 @@ impl<T: Copy> OutBuf<T> {
             self.set_len(values.len());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn every_handle_type_has_its_own_tag() {
+        let kinds = [
+            "MlaConfig",
+            "MlaManager",
+            "MlaStore",
+            "MlaTieredCache",
+            "MlaEventList",
+            "MlaPublisher",
+        ];
+        let tags: BTreeSet<u64> = kinds.iter().map(|k| tag_of(k)).collect();
+        assert_eq!(tags.len(), kinds.len());
+    }
+
+    #[test]
+    fn a_reused_slot_does_not_revive_its_old_handles() {
+        let registry = Registry::<u32>::new("Test");
+        let first = registry.register(1);
+        registry.destroy(first).unwrap();
+        let second = registry.register(2);
+        assert_ne!(first, second);
+        let stale = registry.with(first, |v| Ok(*v)).unwrap_err();
+        assert_eq!(stale.status, MlaStatus::InvalidHandle);
+        assert!(
+            stale.message.starts_with("stale handle"),
+            "{}",
+            stale.message
+        );
+        assert_eq!(registry.with(second, |v| Ok(*v)).unwrap(), 2);
+        assert!(registry.destroy(first).is_err());
+        let other = Registry::<u32>::new("Other");
+        assert!(other.with(second.cast_const(), |v| Ok(*v)).is_err());
+        registry.destroy(second).unwrap();
     }
 }

@@ -1,8 +1,9 @@
 //! Status codes, the thread-local last error, version information.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
 
 use super::{Failure, FfiResult};
 use crate::Error;
@@ -65,6 +66,9 @@ pub enum MlaStatus {
     Internal = 18,
     /// mla_cache panicked; the message says where. The handle may be unusable.
     Panic = 19,
+    /// Memory for a structure sized by the arguments (a manager's blocks, a
+    /// store's or tier's buffers) could not be allocated; nothing was created.
+    OutOfMemory = 20,
 }
 
 impl MlaStatus {
@@ -89,6 +93,7 @@ impl MlaStatus {
         MlaStatus::Unsupported,
         MlaStatus::Internal,
         MlaStatus::Panic,
+        MlaStatus::OutOfMemory,
     ];
 
     /// The constant's name as spelled in the header, NUL-terminated.
@@ -113,6 +118,7 @@ impl From<Error> for Failure {
             Error::BlocksInUse(_) => MlaStatus::BlocksInUse,
             Error::Storage(_) => MlaStatus::Storage,
             Error::BatchBuffersTooSmall { .. } => MlaStatus::BufferTooSmall,
+            Error::OutOfMemory { .. } => MlaStatus::OutOfMemory,
         };
         Failure::new(status, e.to_string())
     }
@@ -129,10 +135,47 @@ fn set_last_error(message: String) {
     let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = message);
 }
 
+thread_local! {
+    /// Set while the thread runs a C call's body: its panics are silent.
+    static IN_C_CALL: Cell<bool> = const { Cell::new(false) };
+    /// Where the last silent panic happened (`file:line`).
+    static PANIC_LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Installs, once, a panic hook that keeps panics inside C calls off stderr
+/// (no message, no backtrace: the status and `mla_last_error` report them)
+/// and hands every other panic to the hook that was there before.
+fn install_silent_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_C_CALL.try_with(Cell::get).unwrap_or(false) {
+                let location = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()));
+                let _ = PANIC_LOCATION.try_with(|slot| *slot.borrow_mut() = location);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `body` as a C call: its panics are silent and caught.
+fn catch_silently<R>(body: impl FnOnce() -> R) -> std::thread::Result<R> {
+    install_silent_panic_hook();
+    let outer = IN_C_CALL.with(|flag| flag.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(body));
+    IN_C_CALL.with(|flag| flag.set(outer));
+    result
+}
+
 /// Runs an FFI body: maps its failure or panic to a status and records the
 /// message, prefixed with the function's name, as the thread's last error.
+/// A panic prints nothing; its message and location go to the last error.
 pub(crate) fn guard(function: &str, body: impl FnOnce() -> FfiResult<()>) -> MlaStatus {
-    let failure = match catch_unwind(AssertUnwindSafe(body)) {
+    let failure = match catch_silently(body) {
         Ok(Ok(())) => return MlaStatus::Ok,
         Ok(Err(failure)) => failure,
         Err(payload) => {
@@ -141,7 +184,10 @@ pub(crate) fn guard(function: &str, body: impl FnOnce() -> FfiResult<()>) -> Mla
                 .copied()
                 .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("unknown payload");
-            Failure::new(MlaStatus::Panic, format!("panic: {what}"))
+            let at = PANIC_LOCATION
+                .with(|slot| slot.borrow_mut().take())
+                .map_or_else(String::new, |l| format!(" at {l}"));
+            Failure::new(MlaStatus::Panic, format!("panic: {what}{at}"))
         }
     };
     set_last_error(format!("{function}: {}", failure.message));
@@ -214,12 +260,45 @@ mod tests {
     fn a_panic_becomes_a_status_and_a_message() {
         let status = guard("mla_test", || panic!("boom {}", 7));
         assert_eq!(status, MlaStatus::Panic);
-        assert_eq!(last_error(), "mla_test: panic: boom 7");
+        let message = last_error();
+        assert!(
+            message.starts_with("mla_test: panic: boom 7 at src/ffi/status.rs:"),
+            "{message}"
+        );
         let status = guard("mla_test", || Err(Error::NotPinned.into()));
         assert_eq!(status, MlaStatus::NotPinned);
         assert_eq!(last_error(), "mla_test: prefix is not pinned");
         assert_eq!(guard("mla_test", || Ok(())), MlaStatus::Ok);
         assert_eq!(last_error(), "mla_test: prefix is not pinned");
+    }
+
+    /// In a child process (this test run again): a panic inside a C call
+    /// prints nothing, even with `RUST_BACKTRACE`; one outside still does.
+    #[test]
+    fn panics_in_c_calls_print_nothing() {
+        if std::env::var_os("MLA_TEST_PANIC_CHILD").is_some() {
+            assert_eq!(
+                guard("mla_test", || panic!("quiet panic")),
+                MlaStatus::Panic
+            );
+            assert!(last_error().contains("quiet panic"));
+            assert!(std::panic::catch_unwind(|| panic!("loud panic")).is_err());
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "ffi::status::tests::panics_in_c_calls_print_nothing",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("MLA_TEST_PANIC_CHILD", "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.contains("quiet panic"), "{stderr}");
+        assert!(stderr.contains("loud panic"), "{stderr}");
     }
 
     #[test]

@@ -169,8 +169,9 @@ fn create(
 
 /// Creates a zeroed store in host memory for a configuration (copied).
 /// With `huge_pages`, backs it with huge pages where the system allows
-/// (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG` or,
-/// when memory cannot be mapped, `MLA_STATUS_STORAGE`.
+/// (Linux), else regular pages. Fails with `MLA_STATUS_INVALID_CONFIG`,
+/// `MLA_STATUS_OUT_OF_MEMORY` when the system has no memory for it, or
+/// `MLA_STATUS_STORAGE` when the mapping fails otherwise.
 ///
 /// # Safety
 /// `out` must be valid for a write; `*out` receives the new handle.

@@ -97,7 +97,7 @@ impl BlockManager {
     /// A manager for `config`, with the policy the config names.
     pub fn new(config: CacheConfig) -> Result<Self> {
         config.validate()?;
-        let policy = policy::build(config.eviction, config.num_blocks);
+        let policy = policy::build(config.eviction, config.num_blocks)?;
         Self::with_policy(config, policy)
     }
 
@@ -109,7 +109,7 @@ impl BlockManager {
         cache.stats.num_blocks = n as u64;
         let state = State {
             cache,
-            pool: Pool::new(n),
+            pool: Pool::new(n)?,
             requests: FxHashMap::default(),
         };
         Ok(Self {
@@ -169,6 +169,7 @@ impl BlockManager {
                 total: self.config.num_blocks,
             });
         }
+        opts.keys.check(self.config.num_tokens())?;
         let keys = self.prefixes.hasher.digest(&opts.keys);
         let hashes = self.prefixes.chain(tokens, &keys);
         let hit_limit = if self.config.cap_hit_at_last_token {

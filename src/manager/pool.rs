@@ -9,6 +9,8 @@
 //! is locked, so not free either.
 
 use super::super::prefix_cache::{CacheState, Prefixes};
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::id_list::IdList;
 use crate::ids::BlockId;
 
@@ -31,16 +33,17 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// `num_blocks` free, never-hashed blocks.
-    pub(super) fn new(num_blocks: usize) -> Self {
-        let mut unhashed = IdList::new(num_blocks);
+    /// `num_blocks` free, never-hashed blocks; [`crate::Error::OutOfMemory`]
+    /// when their arrays cannot be allocated.
+    pub(super) fn new(num_blocks: usize) -> Result<Self> {
+        let mut unhashed = IdList::new(num_blocks)?;
         for b in 0..num_blocks as BlockId {
             unhashed.push_back(b);
         }
-        Self {
-            blocks: vec![PoolBlock::default(); num_blocks],
+        Ok(Self {
+            blocks: filled(num_blocks, PoolBlock::default(), "the block pool")?,
             unhashed,
-        }
+        })
     }
 
     /// Blocks no table and no pin holds: never hashed, or cached and evictable.
@@ -142,11 +145,11 @@ mod tests {
         let mut config = CacheConfig::new(num_blocks);
         config.block_size = BS;
         config.hash_seed = Some(1);
-        let policy = policy::build(config.eviction, num_blocks);
+        let policy = policy::build(config.eviction, num_blocks).unwrap();
         Fixture {
             prefixes: Prefixes::new(&config),
             cache: CacheState::new(num_blocks, policy).unwrap(),
-            pool: Pool::new(num_blocks),
+            pool: Pool::new(num_blocks).unwrap(),
         }
     }
 

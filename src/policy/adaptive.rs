@@ -37,6 +37,8 @@ use rustc_hash::FxHashMap;
 
 use super::once_reused::{OnceReused, Rule};
 use super::{EvictionPolicy, Retention};
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::ids::BlockId;
 
@@ -69,15 +71,15 @@ struct Shadow {
 }
 
 impl Shadow {
-    fn new(num_blocks: usize, rule: Rule) -> Self {
-        Self {
-            policy: OnceReused::new(num_blocks, rule),
+    fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
+        Ok(Self {
+            policy: OnceReused::new(num_blocks, rule)?,
             block_of: FxHashMap::default(),
-            hash_of: vec![0; num_blocks],
+            hash_of: filled(num_blocks, 0, "a shadow cache")?,
             fresh: (0..num_blocks as BlockId).rev().collect(),
             held: Vec::new(),
             score: 0,
-        }
+        })
     }
 
     /// Serves one request's sampled blocks: hits, then stores, then releases
@@ -139,23 +141,23 @@ pub(crate) struct Adaptive {
 }
 
 impl Adaptive {
-    pub(crate) fn new(num_blocks: usize) -> Self {
+    pub(crate) fn new(num_blocks: usize) -> Result<Self> {
         let rate = num_blocks
             .div_ceil(SHADOW_BLOCKS)
             .max(MIN_RATE)
             .next_power_of_two();
         let shadow_blocks = (num_blocks / rate).max(1);
-        Self {
-            real: OnceReused::new(num_blocks, Rule::Arc),
+        Ok(Self {
+            real: OnceReused::new(num_blocks, Rule::Arc)?,
             shadows: [
-                Shadow::new(shadow_blocks, Rule::Arc),
-                Shadow::new(shadow_blocks, Rule::Residency),
+                Shadow::new(shadow_blocks, Rule::Arc)?,
+                Shadow::new(shadow_blocks, Rule::Residency)?,
             ],
             sample_mask: rate as u64 - 1,
             sampled: Vec::new(),
             accesses: 0,
             decay_after: DECAY_PER_BLOCK * shadow_blocks as u64,
-        }
+        })
     }
 
     /// The rule the real cache follows now.
@@ -282,7 +284,7 @@ mod tests {
         // 1,024 blocks (shadows of 64, 1 block in 16 sampled); 40 sessions
         // of 64 blocks resent round robin: 2.5 cache-fulls, so ARC and LRU
         // keep nothing until a session comes back.
-        let mut p = Adaptive::new(1024);
+        let mut p = Adaptive::new(1024).unwrap();
         assert_eq!((p.sample_mask, p.rule()), (15, Rule::Arc));
         let (mut cached, mut hash_of) = (FxHashMap::default(), FxHashMap::default());
         let mut free: Vec<BlockId> = (0..1024).collect();
@@ -308,7 +310,7 @@ mod tests {
 
     #[test]
     fn the_real_cache_follows_the_shadow_that_hits_more() {
-        let mut p = Adaptive::new(1024);
+        let mut p = Adaptive::new(1024).unwrap();
         let sampled = (0..)
             .map(|i| hash(7, i))
             .find(|h| (h.0 >> 64) as u64 & p.sample_mask == 0)
@@ -340,7 +342,7 @@ mod tests {
     #[test]
     fn shadows_stay_within_4096_blocks() {
         for num_blocks in [1, 100, 4096, 65_536, 69_631, 1 << 20] {
-            let p = Adaptive::new(num_blocks);
+            let p = Adaptive::new(num_blocks).unwrap();
             let blocks = p.shadows[0].hash_of.len();
             assert!(blocks <= SHADOW_BLOCKS, "{num_blocks}: {blocks}");
             assert!(p.sample_mask >= MIN_RATE as u64 - 1);
@@ -350,7 +352,7 @@ mod tests {
 
     #[test]
     fn scores_decay_so_old_hits_stop_counting() {
-        let mut p = Adaptive::new(64 * 16); // shadows of 64 blocks
+        let mut p = Adaptive::new(64 * 16).unwrap(); // shadows of 64 blocks
         let sampled = |s: u64| -> Vec<BlockHash> {
             (0..)
                 .map(|i| hash(s, i))

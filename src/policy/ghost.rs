@@ -1,6 +1,8 @@
 //! Ghost lists: the fingerprints of recently evicted blocks, two lists in
 //! one compact table.
 
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::hash::BlockHash;
 
 /// A block hash reduced to 64 bits, never 0. Policies only use it to
@@ -59,22 +61,22 @@ pub(crate) struct GhostLists {
 
 impl GhostLists {
     /// Two lists of `capacity` fingerprints each (at most 2^30).
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Result<Self> {
         let capacity = capacity.clamp(1, 1 << 30);
         // A bucket (8 ways) per fingerprint one list holds: 4 ways per live
         // entry of the two, buckets a quarter full on average.
         let buckets = capacity.next_power_of_two();
-        Self {
-            buckets: vec![Bucket([0; WAYS]); buckets],
+        Ok(Self {
+            buckets: filled(buckets, Bucket([0; WAYS]), "the ghost lists")?,
             shift: 64 - buckets.trailing_zeros(),
             capacity: capacity as u64,
             pushes: [0; 2],
             gone: [
-                vec![0; capacity.div_ceil(64)],
-                vec![0; capacity.div_ceil(64)],
+                filled(capacity.div_ceil(64), 0, "the ghost lists")?,
+                filled(capacity.div_ceil(64), 0, "the ghost lists")?,
             ],
             len: [0; 2],
-        }
+        })
     }
 
     /// Fingerprints list `list` (0 or 1) remembers.
@@ -199,7 +201,7 @@ mod tests {
     #[test]
     fn each_list_remembers_its_last_pushes() {
         // At most 8 live entries: no bucket can overflow.
-        let mut g = GhostLists::new(3);
+        let mut g = GhostLists::new(3).unwrap();
         let f: Vec<u64> = (0..7).map(fp).collect();
         for &x in &f[..4] {
             g.push(0, x);
@@ -220,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_second_sighting_moves_the_fingerprint() {
-        let mut g = GhostLists::new(2);
+        let mut g = GhostLists::new(2).unwrap();
         let f: Vec<u64> = (0..4).map(fp).collect();
         g.push(0, f[0]);
         g.push(1, f[0]);
@@ -234,7 +236,7 @@ mod tests {
 
     #[test]
     fn a_full_bucket_gives_up_the_entry_with_least_life() {
-        let mut g = GhostLists::new(64);
+        let mut g = GhostLists::new(64).unwrap();
         let b = g.bucket(fp(0));
         let (same, others): (Vec<u64>, Vec<u64>) =
             (0..2000).map(fp).partition(|&f| g.bucket(f) == b);
@@ -253,7 +255,7 @@ mod tests {
     #[test]
     fn a_large_table_remembers_almost_every_live_entry() {
         let n = 10_000;
-        let mut g = GhostLists::new(n);
+        let mut g = GhostLists::new(n).unwrap();
         for i in 0..3 * n as u64 {
             g.push((i % 2) as usize, fp(i));
         }

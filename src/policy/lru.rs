@@ -1,6 +1,7 @@
 //! Least recently freed first: vLLM's free-block queue, the default.
 
 use super::EvictionPolicy;
+use crate::error::Result;
 use crate::id_list::IdList;
 use crate::ids::BlockId;
 
@@ -12,10 +13,10 @@ pub(crate) struct Lru {
 }
 
 impl Lru {
-    pub(crate) fn new(num_blocks: usize) -> Self {
-        Self {
-            queue: IdList::new(num_blocks),
-        }
+    pub(crate) fn new(num_blocks: usize) -> Result<Self> {
+        Ok(Self {
+            queue: IdList::new(num_blocks)?,
+        })
     }
 }
 
@@ -47,7 +48,7 @@ mod tests {
 
     #[test]
     fn lru_evicts_least_recently_freed() {
-        let mut p = Lru::new(4);
+        let mut p = Lru::new(4).unwrap();
         p.insert(2);
         p.insert(0);
         p.insert(3);

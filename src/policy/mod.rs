@@ -115,13 +115,17 @@ pub trait EvictionPolicy: Send + fmt::Debug {
 }
 
 /// The policy `kind` names, for a cache of `num_blocks` blocks.
-pub(crate) fn build(kind: EvictionPolicyKind, num_blocks: usize) -> Box<dyn EvictionPolicy> {
-    match kind {
-        EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)),
-        EvictionPolicyKind::Arc => Box::new(OnceReused::new(num_blocks, Rule::Arc)),
-        EvictionPolicyKind::Residency => Box::new(OnceReused::new(num_blocks, Rule::Residency)),
-        EvictionPolicyKind::Adaptive => Box::new(Adaptive::new(num_blocks)),
-    }
+/// Fails with [`crate::Error::OutOfMemory`] when its arrays cannot be allocated.
+pub(crate) fn build(
+    kind: EvictionPolicyKind,
+    num_blocks: usize,
+) -> crate::Result<Box<dyn EvictionPolicy>> {
+    Ok(match kind {
+        EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)?),
+        EvictionPolicyKind::Arc => Box::new(OnceReused::new(num_blocks, Rule::Arc)?),
+        EvictionPolicyKind::Residency => Box::new(OnceReused::new(num_blocks, Rule::Residency)?),
+        EvictionPolicyKind::Adaptive => Box::new(Adaptive::new(num_blocks)?),
+    })
 }
 
 #[cfg(test)]
@@ -185,7 +189,7 @@ mod tests {
         #[test]
         fn every_policy_keeps_the_evictable_set(ops in prop::collection::vec(op(), 1..200)) {
             for kind in EvictionPolicyKind::ALL {
-                let mut p = build(kind, BLOCKS);
+                let mut p = build(kind, BLOCKS).unwrap();
                 prop_assert_eq!(p.name(), kind.name());
                 let mut never: Vec<BlockId> = (0..BLOCKS as BlockId).collect();
                 let mut held: Vec<BlockId> = Vec::new();

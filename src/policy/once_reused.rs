@@ -58,6 +58,8 @@
 
 use super::ghost::{fingerprint, GhostLists};
 use super::{EvictionPolicy, Retention};
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::id_list::IdList;
 use crate::ids::BlockId;
@@ -120,20 +122,20 @@ pub(crate) struct OnceReused {
 }
 
 impl OnceReused {
-    pub(crate) fn new(num_blocks: usize, rule: Rule) -> Self {
-        Self {
-            once: IdList::new(num_blocks),
-            reused: IdList::new(num_blocks),
-            class: vec![Class::Uncached; num_blocks],
-            fingerprint: vec![0; num_blocks],
+    pub(crate) fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
+        Ok(Self {
+            once: IdList::new(num_blocks)?,
+            reused: IdList::new(num_blocks)?,
+            class: filled(num_blocks, Class::Uncached, "the policy's classes")?,
+            fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
             cached_once: 0,
             cached_reused: 0,
-            ghosts: GhostLists::new(GHOSTS_PER_BLOCK * num_blocks),
+            ghosts: GhostLists::new(GHOSTS_PER_BLOCK.saturating_mul(num_blocks))?,
             target: 0,
             capacity: num_blocks,
             rule,
             cold_requests: 0,
-        }
+        })
     }
 
     /// The rule in force.
@@ -304,7 +306,7 @@ mod tests {
 
     #[test]
     fn blocks_seen_once_go_before_reused_ones() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         for b in 0..3 {
             p.on_store(b, h(b as u128), Retention::Keep);
         }
@@ -322,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_revived_block_is_reused_and_outlives_newer_one_offs() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         p.remove(0); // a request hits block 0 ...
@@ -336,7 +338,7 @@ mod tests {
 
     #[test]
     fn a_seen_once_block_coming_back_grows_the_target() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         assert_eq!(p.evict(), Some(0)); // hash 10 goes to the once ghosts
@@ -351,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_coming_back_shrinks_the_target() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         store_free(&mut p, 0, 10);
         assert_eq!(p.evict(), Some(0));
         store_free(&mut p, 0, 10); // once ghost hit: target 1, block 0 reused
@@ -364,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_dropped_block_is_forgotten_without_a_ghost() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         store_free(&mut p, 0, 10);
         p.on_store(1, h(11), Retention::Keep); // in use
         p.remove(0);
@@ -387,7 +389,7 @@ mod tests {
 
     #[test]
     fn residency_evicts_probation_first_and_keeps_resident_requests_blocks() {
-        let mut p = OnceReused::new(8, Rule::Residency);
+        let mut p = OnceReused::new(8, Rule::Residency).unwrap();
         // A request that found 3 of its 4 blocks cached is a resident's: keep.
         let kept = p.on_request(&hashes(4), 3);
         assert_eq!(kept, Retention::Keep);
@@ -410,7 +412,7 @@ mod tests {
 
     #[test]
     fn residency_admits_one_cold_request_in_32() {
-        let mut p = OnceReused::new(8, Rule::Residency);
+        let mut p = OnceReused::new(8, Rule::Residency).unwrap();
         let kept: Vec<usize> = (1..=96)
             .filter(|_| p.on_request(&hashes(10), 2) == Retention::Keep)
             .collect();
@@ -422,7 +424,7 @@ mod tests {
 
     #[test]
     fn residency_ignores_ghost_returns_but_promotes_hits() {
-        let mut p = OnceReused::new(4, Rule::Residency);
+        let mut p = OnceReused::new(4, Rule::Residency).unwrap();
         p.on_store(0, h(10), Retention::Probation);
         p.insert(0);
         assert_eq!(p.evict(), Some(0)); // hash 10 enters the once ghosts
@@ -437,7 +439,7 @@ mod tests {
 
     #[test]
     fn arc_ignores_retention() {
-        let mut p = OnceReused::new(4, Rule::Arc);
+        let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         p.on_store(0, h(10), Retention::Keep);
         p.on_store(1, h(11), Retention::Probation);
         assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
@@ -457,7 +459,7 @@ mod tests {
         ) {
             const N: usize = 6;
             let rule = if residency { Rule::Residency } else { Rule::Arc };
-            let mut p = OnceReused::new(N, rule);
+            let mut p = OnceReused::new(N, rule).unwrap();
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
             for (what, hash, pick) in ops {

@@ -314,7 +314,7 @@ impl CacheState {
             ));
         }
         Ok(Self {
-            slots: vec![Slot::default(); num_blocks],
+            slots: crate::alloc::filled(num_blocks, Slot::default(), "the block slots")?,
             policy,
             pins: Pins::default(),
             stats: CacheStats::default(),

@@ -102,7 +102,7 @@ impl PrefixCache {
                 "a prefix cache needs enable_prefix_caching".into(),
             ));
         }
-        let policy = policy::build(config.eviction, config.num_blocks);
+        let policy = policy::build(config.eviction, config.num_blocks)?;
         Ok(Self {
             prefixes: Prefixes::new(&config),
             state: Mutex::new(CacheState::new(config.num_blocks, policy)?),

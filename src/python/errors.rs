@@ -7,6 +7,7 @@
 //! | `PinBudgetExceeded`                     | `mla_cache.PinBudgetExceeded` (`RuntimeError`) |
 //! | `BlocksInUse`                           | `RuntimeError`                 |
 //! | `Storage`                               | `mla_cache.StorageError` (`RuntimeError`) |
+//! | `OutOfMemory`                           | `MemoryError`                  |
 //! | every other variant (bad input)         | `ValueError`                   |
 
 use pyo3::create_exception;
@@ -45,6 +46,7 @@ pub(crate) fn to_py_named(e: Error, name: &dyn Fn(RequestId) -> String) -> PyErr
         Error::PinBudgetExceeded { .. } => PinBudgetExceeded::new_err(e.to_string()),
         Error::BlocksInUse(_) => PyRuntimeError::new_err(e.to_string()),
         Error::Storage(_) => StorageError::new_err(e.to_string()),
+        Error::OutOfMemory { .. } => PyMemoryError::new_err(e.to_string()),
         Error::InvalidConfig(_)
         | Error::RequestTooLarge { .. }
         | Error::EmptyInput(_)

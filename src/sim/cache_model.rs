@@ -61,7 +61,8 @@ pub fn cache_only(
     num_blocks: usize,
     kind: EvictionPolicyKind,
 ) -> CacheModelReport {
-    let mut policy = policy::build(kind, num_blocks);
+    // The simulated caches' arrays are a few bytes per block.
+    let mut policy = policy::build(kind, num_blocks).expect("the policy's arrays fit in memory");
     let hits = replay(keys, num_blocks, policy.as_mut());
     CacheModelReport::new(kind.name(), keys, num_blocks, hits)
 }

@@ -201,7 +201,7 @@ impl HostStore {
                 num_tokens.div_ceil(self.config.block_size)
             )));
         }
-        let mut out = vec![O::default(); len];
+        let mut out = crate::alloc::filled(len, O::default(), "the gathered values")?;
         self.gather_into(layer, block_table, &mut out)?;
         Ok(out)
     }
@@ -478,10 +478,15 @@ impl Mapping {
             }
         }
         let ptr = map_anonymous(len, 0).ok_or_else(|| {
-            Error::Storage(format!(
-                "mmap of {len} bytes failed: {}",
-                std::io::Error::last_os_error()
-            ))
+            let os = std::io::Error::last_os_error();
+            if os.raw_os_error() == Some(libc::ENOMEM) {
+                Error::OutOfMemory {
+                    what: "the host store",
+                    bytes: len,
+                }
+            } else {
+                Error::Storage(format!("mmap of {len} bytes failed: {os}"))
+            }
         })?;
         let kind = if huge_pages && advise_huge_pages(ptr, len) {
             PageKind::TransparentHuge

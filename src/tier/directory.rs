@@ -8,6 +8,8 @@
 
 use rustc_hash::FxHashMap;
 
+use crate::alloc::filled;
+use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::id_list::IdList;
 
@@ -33,14 +35,21 @@ pub(crate) struct Placed {
 
 impl LruDirectory {
     /// An empty directory of `capacity` slots (at most `u32::MAX`).
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Result<Self> {
         let capacity = capacity.min(u32::MAX as usize);
-        Self {
+        let mut free = Vec::new();
+        free.try_reserve_exact(capacity)
+            .map_err(|_| crate::Error::OutOfMemory {
+                what: "the tier's directory",
+                bytes: capacity.saturating_mul(4),
+            })?;
+        free.extend((0..capacity as u32).rev());
+        Ok(Self {
             map: FxHashMap::default(),
-            slots: vec![None; capacity],
-            lru: IdList::new(capacity),
-            free: (0..capacity as u32).rev().collect(),
-        }
+            slots: filled(capacity, None, "the tier's directory")?,
+            lru: IdList::new(capacity)?,
+            free,
+        })
     }
 
     /// Slots in all.
@@ -112,7 +121,7 @@ mod tests {
 
     #[test]
     fn evicts_the_least_recently_used_and_reuses_its_slot() {
-        let mut d = LruDirectory::new(2);
+        let mut d = LruDirectory::new(2).unwrap();
         let h = |i| BlockHash(i);
         let a = d.insert(h(1)).unwrap();
         let b = d.insert(h(2)).unwrap();
@@ -130,6 +139,6 @@ mod tests {
         d.remove(h(1));
         assert_eq!(d.len(), 1);
         assert_eq!(d.insert(h(4)).unwrap().evicted, None);
-        assert_eq!(LruDirectory::new(0).insert(h(1)), None);
+        assert_eq!(LruDirectory::new(0).unwrap().insert(h(1)), None);
     }
 }

@@ -68,8 +68,8 @@ impl HostTier {
         Ok(Self {
             block_bytes,
             inner: Mutex::new(Inner {
-                directory: LruDirectory::new(capacity_blocks),
-                arena: vec![0; bytes],
+                directory: LruDirectory::new(capacity_blocks)?,
+                arena: crate::alloc::zeroed_bytes(bytes, "the host tier's arena")?,
             }),
             stores: AtomicU64::new(0),
             loads: AtomicU64::new(0),

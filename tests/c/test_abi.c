@@ -45,11 +45,12 @@ static void test_version_and_status(void) {
     CHECK(strcmp(mla_status_name(MLA_STATUS_OUT_OF_BLOCKS), "MLA_STATUS_OUT_OF_BLOCKS") == 0);
     CHECK(strcmp(mla_status_name(MLA_STATUS_BUFFER_TOO_SMALL), "MLA_STATUS_BUFFER_TOO_SMALL") == 0);
     CHECK(strcmp(mla_status_name(MLA_STATUS_PANIC), "MLA_STATUS_PANIC") == 0);
-    for (int s = MLA_STATUS_OK; s <= MLA_STATUS_PANIC; s++) {
+    CHECK(strcmp(mla_status_name(MLA_STATUS_OUT_OF_MEMORY), "MLA_STATUS_OUT_OF_MEMORY") == 0);
+    for (int s = MLA_STATUS_OK; s <= MLA_STATUS_OUT_OF_MEMORY; s++) {
         CHECK(strncmp(mla_status_name(s), "MLA_STATUS_", 11) == 0);
         CHECK(strcmp(mla_status_name(s), "MLA_STATUS_UNKNOWN") != 0);
     }
-    CHECK(strcmp(mla_status_name(MLA_STATUS_PANIC + 1), "MLA_STATUS_UNKNOWN") == 0);
+    CHECK(strcmp(mla_status_name(MLA_STATUS_OUT_OF_MEMORY + 1), "MLA_STATUS_UNKNOWN") == 0);
     CHECK(strcmp(mla_status_name(-1), "MLA_STATUS_UNKNOWN") == 0);
 }
 

@@ -349,11 +349,14 @@ def c_publisher(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """tests/c/publisher_main.c built against the library's C ABI."""
     subprocess.run(["cargo", "build", "--release", "--lib", "--features", "capi", "--quiet"], cwd=ROOT, check=True)
     lib = ROOT / "target" / "release"
-    exe = tmp_path_factory.mktemp("c") / "publisher_main"
+    out = tmp_path_factory.mktemp("c")
+    exe = out / "publisher_main"
+    # The program records the library's SONAME; it finds it through a link.
+    (out / "libmla_cache.so.0").symlink_to(lib / "libmla_cache.so")
     subprocess.run(
         ["gcc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O1",
          f"-I{ROOT / 'include'}", str(ROOT / "tests/c/publisher_main.c"),
-         f"-L{lib}", "-lmla_cache", f"-Wl,-rpath,{lib}", "-o", str(exe)],
+         f"-L{lib}", "-lmla_cache", f"-Wl,-rpath,{out}", "-o", str(exe)],
         check=True,
     )
     return exe
