@@ -68,6 +68,7 @@ class CacheConfig:
         cap_hit_at_last_token: bool = True,
         max_pending_events: int = 100000,
         block_hash: str = "xxh3",
+        indexer_head_dim: Optional[int] = None,
     ) -> "CacheConfig": ...
     @classmethod
     def preset(
@@ -102,6 +103,9 @@ class CacheConfig:
     def dtype(self) -> DtypeName:
         """Storage format name."""
     @property
+    def indexer_head_dim(self) -> Optional[int]:
+        """Width of the indexer keys cached beside the latent (``None``: no indexer)."""
+    @property
     def enable_prefix_caching(self) -> bool:
         """Whether full blocks are shared between requests by prefix hash."""
     @property
@@ -135,8 +139,14 @@ class CacheConfig:
     def elements_per_token(self) -> int:
         """Elements cached per token and layer (``kv_lora_rank + rope_dim``)."""
     @property
+    def latent_bytes_per_token_per_layer(self) -> int:
+        """Bytes one token's latent takes in one layer."""
+    @property
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """Bytes one token's indexer key takes in one layer (0 without one)."""
+    @property
     def bytes_per_token_per_layer(self) -> int:
-        """Bytes one token takes in one layer."""
+        """Bytes one token takes in one layer (latent and indexer key)."""
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers."""

@@ -15,8 +15,8 @@ use crate::codec::Codec;
 use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::store::{
-    check_block_io, check_layer, layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream,
-    VectorDesc,
+    check_block_io, check_layer, layer_view_at, Device, IndexerView, LatentStore, LayerView,
+    MatrixDesc, Stream, VectorDesc,
 };
 use crate::BlockId;
 
@@ -61,6 +61,11 @@ impl CudaStore {
     /// (the kernels store 32-bit words).
     pub fn new(config: &CacheConfig, ordinal: usize) -> Result<Self> {
         config.validate()?;
+        if config.indexer.is_some() {
+            return Err(Error::InvalidConfig(
+                "the CUDA store does not keep indexer keys yet; use the host store".into(),
+            ));
+        }
         let codec = kernel_codec(config)?;
         let bpt = codec.bytes_per_token();
         let too_big = || Error::InvalidConfig("the store does not fit in the address space".into());
@@ -130,7 +135,7 @@ impl CudaStore {
     /// them out): device-to-host copies enqueued on `stream`, after the
     /// work the caller enqueued there, then waited for.
     pub fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
+        let per_layer = check_block_io(&self.config, block, out.len())?.latent;
         let offset = (block as usize * per_layer) as u64;
         guard("CUDA read_block", || {
             self.bind()?;
@@ -158,7 +163,7 @@ impl CudaStore {
     /// enqueued on `stream`, then waited for, so `data` may go once this
     /// returns and the caller's later work on `stream` sees the block.
     pub fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
+        let per_layer = check_block_io(&self.config, block, data.len())?.latent;
         let offset = (block as usize * per_layer) as u64;
         guard("CUDA write_block", || {
             self.bind()?;
@@ -217,6 +222,12 @@ impl CudaStore {
         }
         .map_err(|e| driver_error(&format!("launching {name}"), e))
     }
+}
+
+/// What the indexer operations return: `new` refuses a configuration with
+/// an indexer, so no CUDA store has indexer keys.
+fn no_indexer() -> Error {
+    Error::InvalidArgument("this store has no indexer keys (the CUDA store keeps none yet)".into())
 }
 
 /// Enqueues `copies` until one fails, then waits for `stream`, whatever
@@ -322,5 +333,40 @@ impl LatentStore for CudaStore {
             self.device(),
             addr,
         ))
+    }
+
+    unsafe fn write_indexer_raw(
+        &self,
+        _layer: usize,
+        _keys: MatrixDesc,
+        _slot_mapping: VectorDesc<i64>,
+        _stream: Stream,
+    ) -> Result<()> {
+        Err(no_indexer())
+    }
+
+    unsafe fn gather_indexer_raw(
+        &self,
+        _layer: usize,
+        _block_table: VectorDesc<BlockId>,
+        _out: MatrixDesc,
+        _stream: Stream,
+    ) -> Result<()> {
+        Err(no_indexer())
+    }
+
+    unsafe fn gather_indexer_quantized_raw(
+        &self,
+        _layer: usize,
+        _block_table: VectorDesc<BlockId>,
+        _codes: VectorDesc<u8>,
+        _scales: VectorDesc<f32>,
+        _stream: Stream,
+    ) -> Result<()> {
+        Err(no_indexer())
+    }
+
+    fn indexer_view(&self, _layer: usize) -> Result<IndexerView> {
+        Err(no_indexer())
     }
 }
