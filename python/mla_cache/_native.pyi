@@ -513,8 +513,9 @@ class LayerBuffer:
     def dtype(self) -> Literal["uint8"]:
         """Element type of the buffer."""
     @property
-    def format(self) -> DtypeName:
-        """Storage format of the latents in it."""
+    def format(self) -> str:
+        """Storage format of the latents in it (a ``DtypeName``), or
+        ``"indexer_fp8"`` for a layer's indexer keys."""
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
@@ -565,8 +566,40 @@ class LatentStore:
         self, pairs: Union[Iterable[Tuple[int, int]], npt.NDArray[np.integer[Any]]], *, stream: int = 0
     ) -> None:
         """Copies whole blocks ``src -> dst`` in every layer."""
+    def write_indexer(
+        self,
+        layer: int,
+        keys: TensorLike,
+        slot_mapping: IntVectorLike,
+        *,
+        stream: int = 0,
+    ) -> None:
+        """Quantizes and stores indexer keys ``[T, head_dim]`` (bfloat16, float16
+        or float32) at ``slot_mapping [T]`` (int64; negative: skip)."""
+    def gather_indexer(
+        self,
+        layer: int,
+        block_table: IntVectorLike,
+        num_tokens: int,
+        *,
+        dtype: Optional[Literal["float32", "bfloat16"]] = None,
+        out: Optional[TensorLike] = None,
+        stream: int = 0,
+    ) -> Any:
+        """Dequantizes the indexer keys of the first ``num_tokens`` tokens of a
+        sequence into ``[num_tokens, head_dim]`` values (into ``out`` if given)."""
+    def gather_indexer_quantized(
+        self, layer: int, block_table: IntVectorLike, num_tokens: int
+    ) -> Tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The stored e4m3 codes ``[num_tokens, head_dim]`` and fp32 scales
+        ``[num_tokens]`` of the indexer keys (host stores)."""
     def layer_buffer(self, layer: int) -> Union[npt.NDArray[np.uint8], LayerBuffer]:
         """A numpy ``uint8`` view of a layer (host) or a ``LayerBuffer`` (GPU)."""
+    def indexer_buffer(self, layer: int) -> Union[npt.NDArray[np.uint8], LayerBuffer]:
+        """A numpy ``uint8`` view of a layer's indexer keys (host) or a
+        ``LayerBuffer`` (GPU): ``[num_blocks, block_size, head_dim + 4]``."""
+    def indexer_view(self, layer: int) -> LayerBuffer:
+        """A ``LayerBuffer`` of a layer's indexer keys, on any device."""
     def layer_view(self, layer: int) -> LayerBuffer:
         """A ``LayerBuffer`` of a layer, on any device."""
     def data_ptr(self, layer: int) -> int:
