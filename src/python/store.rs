@@ -47,6 +47,9 @@ pub struct LatentStore {
 /// A store, seen as latents and as whole blocks.
 type Opened = (Arc<dyn store::LatentStore>, Arc<dyn BlockTransfer>);
 
+/// Stored indexer keys as host arrays: e4m3 codes and fp32 scales.
+type QuantizedKeys<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray1<f32>>);
+
 /// The raw call a gather makes once its arguments are checked.
 type GatherCall<'a> = &'a (dyn Fn(VectorDesc<crate::BlockId>, MatrixDesc) -> Result<()> + Sync);
 
@@ -471,7 +474,7 @@ impl LatentStore {
         #[pyo3(from_py_with = ints::size)] layer: usize,
         block_table: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = ints::size)] num_tokens: usize,
-    ) -> PyResult<(Bound<'py, PyArray2<u8>>, Bound<'py, PyArray1<f32>>)> {
+    ) -> PyResult<QuantizedKeys<'py>> {
         let head_dim = self.head_dim()?;
         if self.place() != Device::Host {
             return Err(PyValueError::new_err(
