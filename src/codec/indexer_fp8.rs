@@ -75,7 +75,7 @@ impl IndexerCodec {
     /// (`block_bytes()` bytes).
     pub fn encode(&self, key: Values<'_>, block: &mut [u8], offset: usize) -> Result<()> {
         self.check(key.len(), block.len(), offset)?;
-        self.encode_unchecked(key, block, offset);
+        self.encode_unchecked(key, block, offset, &mut vec![0f32; self.head_dim]);
         Ok(())
     }
 
@@ -100,19 +100,28 @@ impl IndexerCodec {
         Ok(())
     }
 
-    /// [`IndexerCodec::encode`] with the lengths already checked.
-    pub(crate) fn encode_unchecked(&self, key: Values<'_>, block: &mut [u8], offset: usize) {
-        let mut wide = vec![0f32; self.head_dim];
+    /// [`IndexerCodec::encode`] with the lengths already checked; `wide` is
+    /// scratch space of `head_dim` values.
+    pub(crate) fn encode_unchecked(
+        &self,
+        key: Values<'_>,
+        block: &mut [u8],
+        offset: usize,
+        wide: &mut [f32],
+    ) {
         match key {
-            Values::Bf16(s) => Element::widen(s, &mut wide),
-            Values::F16(s) => Element::widen(s, &mut wide),
-            Values::F32(s) => Element::widen(s, &mut wide),
+            Values::Bf16(s) => Element::widen(s, wide),
+            Values::F16(s) => Element::widen(s, wide),
+            Values::F32(s) => Element::widen(s, wide),
         }
-        let e = scale_exponent(finite_amax(&wide));
+        let e = scale_exponent(finite_amax(wide));
         // Multiplying by 2^-e equals dividing by 2^e, rounding included.
         let inv = pow2(-e);
         let codes = self.codes_offset(offset);
-        for (c, &v) in block[codes..codes + self.head_dim].iter_mut().zip(&wide) {
+        for (c, &v) in block[codes..codes + self.head_dim]
+            .iter_mut()
+            .zip(wide.iter())
+        {
             *c = e4m3_from_f32(v * inv);
         }
         let at = self.scale_offset(offset);

@@ -570,6 +570,7 @@ impl LatentStore for HostStore {
             return Ok(()); // Unreachable: the args check needs an indexer.
         };
         let block_bytes = codec.block_bytes();
+        let mut wide = vec![0f32; codec.head_dim()];
         let _guard = self.layers[layer].write();
         // SAFETY: the layer's write lock is held until the end of the scope.
         let indexer = unsafe { self.indexer_slice_mut(layer) };
@@ -590,7 +591,7 @@ impl LatentStore for HostStore {
                 slot as usize % codec.block_size(),
             );
             let block = &mut indexer[block * block_bytes..(block + 1) * block_bytes];
-            codec.encode_unchecked(key, block, offset);
+            codec.encode_unchecked(key, block, offset, &mut wide);
         }
         Ok(())
     }
