@@ -516,6 +516,11 @@ typedef struct MlaConfigInfo {
      * Most events waiting to be taken; more are dropped and counted.
      */
     size_t max_pending_events;
+    /**
+     * Width of the indexer keys kept beside the latent (DeepSeek-V3.2:
+     * 128); 0 when the cache has no indexer.
+     */
+    size_t indexer_head_dim;
 } MlaConfigInfo;
 
 /**
@@ -527,7 +532,7 @@ typedef struct MlaConfigSizes {
      */
     size_t elements_per_token;
     /**
-     * Bytes of one token in one layer.
+     * Bytes of one token in one layer (latent and indexer key).
      */
     size_t bytes_per_token_per_layer;
     /**
@@ -554,6 +559,10 @@ typedef struct MlaConfigSizes {
      * Pinned-block budget in effect.
      */
     size_t pin_budget;
+    /**
+     * Bytes of one token's indexer key in one layer (0 without an indexer).
+     */
+    size_t indexer_bytes_per_token_per_layer;
 } MlaConfigSizes;
 
 /**
@@ -592,6 +601,10 @@ typedef struct MlaModelGeometry {
      * Per-head value width.
      */
     size_t v_head_dim;
+    /**
+     * Width of the sparse-attention indexer's keys; 0 without an indexer.
+     */
+    size_t indexer_head_dim;
 } MlaModelGeometry;
 
 /**
@@ -985,6 +998,44 @@ typedef struct MlaLayerView {
 } MlaLayerView;
 
 /**
+ * The raw memory of one layer's indexer keys (DeepSeek-V3.2), for the
+ * indexer's kernels: `[num_blocks][block_size][head_dim + 4]` bytes, each
+ * block holding every token's `head_dim` e4m3 codes first, then every
+ * token's fp32 scale.
+ */
+typedef struct MlaIndexerView {
+    /**
+     * Address of the layer's first indexer byte (host or device memory);
+     * valid until the store is destroyed. Accesses bypass the store's ordering.
+     */
+    void *data;
+    /**
+     * Memory space of `data`.
+     */
+    MlaDeviceKind device_kind;
+    /**
+     * CUDA device ordinal (0 for host memory).
+     */
+    size_t device_ordinal;
+    /**
+     * Values per key.
+     */
+    size_t head_dim;
+    /**
+     * `[num_blocks, block_size, head_dim + 4]`.
+     */
+    size_t shape[3];
+    /**
+     * Byte strides of the three dimensions.
+     */
+    size_t strides[3];
+    /**
+     * Bytes of the layer's indexer keys.
+     */
+    size_t len_bytes;
+} MlaIndexerView;
+
+/**
  * Settings of the lower tiers. All-zero (NULL strings) means no lower
  * tier, write-through, namespace `default`, a 20 ms lookup budget and a
  * queue of 64 jobs.
@@ -1352,6 +1403,13 @@ MlaStatus mla_config_set_kv_lora_rank(struct MlaConfig *config, size_t value);
  * Sets the width of the RoPE key (64 for DeepSeek). Thread safety: thread-safe.
  */
 MlaStatus mla_config_set_rope_dim(struct MlaConfig *config, size_t value);
+
+/**
+ * Keeps indexer keys of `head_dim` values beside the latent under the same
+ * block ids (DeepSeek-V3.2: 128); 0 keeps none. Checked on use
+ * (`mla_config_validate`). Thread safety: thread-safe.
+ */
+MlaStatus mla_config_set_indexer_head_dim(struct MlaConfig *config, size_t head_dim);
 
 /**
  * Sets the storage format (an `MlaDtype` value; others fail with
@@ -2195,6 +2253,78 @@ MlaStatus mla_store_copy_blocks(const struct MlaStore *store,
 MlaStatus mla_store_layer_view(const struct MlaStore *store,
                                size_t layer,
                                struct MlaLayerView *out);
+
+/**
+ * Quantizes and stores `num_slots` indexer keys of layer `layer` (vLLM's
+ * `indexer_k_quant_and_cache`): row `t` of `keys` (`[num_slots,
+ * head_dim]`, bf16, fp16 or fp32) goes to slot `slot_mapping[t]`;
+ * negative slots are skipped. Fails with `MLA_STATUS_INVALID_ARGUMENT`
+ * when the configuration has no indexer. Memory spaces and `stream` as for
+ * `mla_store_write`.
+ *
+ * # Safety
+ * As for `mla_store_write`.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_store_write_indexer(const struct MlaStore *store,
+                                  size_t layer,
+                                  const struct MlaMatrix *keys,
+                                  const int64_t *slot_mapping,
+                                  size_t num_slots,
+                                  void *stream);
+
+/**
+ * Dequantizes the indexer keys of the first `out->rows` tokens of a
+ * sequence from layer `layer` into `out` (`[tokens, head_dim]`, bf16 or
+ * fp32), through `block_table` as `mla_store_gather` reads it.
+ *
+ * # Safety
+ * As for `mla_store_gather`.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_store_gather_indexer(const struct MlaStore *store,
+                                   size_t layer,
+                                   const MlaBlockId *block_table,
+                                   size_t num_block_ids,
+                                   const struct MlaMatrix *out,
+                                   void *stream);
+
+/**
+ * Copies the stored indexer keys of the first `num_tokens` tokens of a
+ * sequence without dequantizing: token `t`'s `head_dim` e4m3 codes to
+ * `codes + t * head_dim` and its fp32 scale to `scales[t]`.
+ *
+ * # Safety
+ * `block_table` must hold `num_block_ids` ids, `codes` `num_tokens *
+ * head_dim` writable bytes and `scales` `num_tokens` writable floats, all
+ * in the store's memory space (valid until the stream reaches the work,
+ * on a CUDA store).
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_store_gather_indexer_quantized(const struct MlaStore *store,
+                                             size_t layer,
+                                             const MlaBlockId *block_table,
+                                             size_t num_block_ids,
+                                             uint8_t *codes,
+                                             float *scales,
+                                             size_t num_tokens,
+                                             void *stream);
+
+/**
+ * Describes the raw memory of layer `layer`'s indexer keys; fails with
+ * `MLA_STATUS_INVALID_ARGUMENT` when the configuration has no indexer.
+ *
+ * # Safety
+ * `out` must be valid for a write.
+ *
+ * Thread safety: thread-safe.
+ */
+MlaStatus mla_store_indexer_view(const struct MlaStore *store,
+                                 size_t layer,
+                                 struct MlaIndexerView *out);
 
 /**
  * Takes every tier's events recorded since the last call (none unless the

@@ -241,6 +241,47 @@ impl FromStr for BlockHashKind {
     }
 }
 
+/// The geometry of DeepSeek-V3.2's lightning-indexer key cache, which lives
+/// beside the latent under the same block ids.
+///
+/// Per token and layer it stores `head_dim` e4m3 key values and one fp32
+/// power-of-two scale; a block holds all its tokens' keys first, then all
+/// their scales (see `docs/formats.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IndexerGeometry {
+    /// Width of one indexer key (128 for DeepSeek-V3.2).
+    pub head_dim: usize,
+}
+
+impl IndexerGeometry {
+    /// DeepSeek-V3.2's indexer: 128-wide keys.
+    pub const DEEPSEEK_V32: IndexerGeometry = IndexerGeometry { head_dim: 128 };
+
+    /// Bytes one token takes in one layer: the keys and one fp32 scale.
+    pub fn bytes_per_token(&self) -> usize {
+        self.head_dim + 4
+    }
+
+    /// Checks that the keys are a positive multiple of 4 values wide, so a
+    /// block's scales stay 4-byte aligned, and no wider than a latent may be.
+    pub fn validate(&self) -> Result<()> {
+        if self.head_dim == 0 || self.head_dim % 4 != 0 {
+            return Err(Error::InvalidConfig(format!(
+                "indexer head_dim must be a positive multiple of 4, got {}",
+                self.head_dim
+            )));
+        }
+        if self.head_dim > CacheConfig::MAX_LATENT_WIDTH {
+            return Err(Error::InvalidConfig(format!(
+                "indexer head_dim {} exceeds {}",
+                self.head_dim,
+                CacheConfig::MAX_LATENT_WIDTH
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The attention geometry of an MLA model, as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelGeometry {
@@ -262,6 +303,8 @@ pub struct ModelGeometry {
     pub qk_rope_head_dim: usize,
     /// Per-head value width.
     pub v_head_dim: usize,
+    /// The sparse-attention indexer's key cache, if the model has one.
+    pub indexer: Option<IndexerGeometry>,
 }
 
 impl ModelGeometry {
@@ -276,6 +319,7 @@ impl ModelGeometry {
         qk_nope_head_dim: 128,
         qk_rope_head_dim: 64,
         v_head_dim: 128,
+        indexer: None,
     };
     /// DeepSeek-V2-Lite (16B).
     pub const DEEPSEEK_V2_LITE: ModelGeometry = ModelGeometry {
@@ -288,8 +332,9 @@ impl ModelGeometry {
         qk_nope_head_dim: 128,
         qk_rope_head_dim: 64,
         v_head_dim: 128,
+        indexer: None,
     };
-    /// DeepSeek-V3 (also R1 and V3.2, which share its attention geometry).
+    /// DeepSeek-V3 (also R1 and V3.1, which share its attention geometry).
     pub const DEEPSEEK_V3: ModelGeometry = ModelGeometry {
         name: "deepseek-v3",
         num_layers: 61,
@@ -300,6 +345,14 @@ impl ModelGeometry {
         qk_nope_head_dim: 128,
         qk_rope_head_dim: 64,
         v_head_dim: 128,
+        indexer: None,
+    };
+    /// DeepSeek-V3.2: DeepSeek-V3's attention plus the sparse-attention
+    /// indexer's key cache.
+    pub const DEEPSEEK_V32: ModelGeometry = ModelGeometry {
+        name: "deepseek-v3.2",
+        indexer: Some(IndexerGeometry::DEEPSEEK_V32),
+        ..Self::DEEPSEEK_V3
     };
     /// Kimi-K2 (DeepSeek-V3 architecture with 64 heads).
     pub const KIMI_K2: ModelGeometry = ModelGeometry {
@@ -312,29 +365,32 @@ impl ModelGeometry {
         qk_nope_head_dim: 128,
         qk_rope_head_dim: 64,
         v_head_dim: 128,
+        indexer: None,
     };
 
     /// Every preset.
-    pub const ALL: [ModelGeometry; 4] = [
+    pub const ALL: [ModelGeometry; 5] = [
         Self::DEEPSEEK_V2,
         Self::DEEPSEEK_V2_LITE,
         Self::DEEPSEEK_V3,
+        Self::DEEPSEEK_V32,
         Self::KIMI_K2,
     ];
 
-    /// Finds a preset by name; `deepseek-r1` and `deepseek-v3.2` map to
+    /// Finds a preset by name; `deepseek-r1` and `deepseek-v3.1` map to
     /// `deepseek-v3`. Case and `_`/`-` are ignored.
     pub fn preset(name: &str) -> Result<ModelGeometry> {
         let key = name.to_ascii_lowercase().replace('_', "-");
         let found = match key.as_str() {
             "deepseek-v2" => Self::DEEPSEEK_V2,
             "deepseek-v2-lite" => Self::DEEPSEEK_V2_LITE,
-            "deepseek-v3" | "deepseek-r1" | "deepseek-v3.2" | "deepseek-v3.1" => Self::DEEPSEEK_V3,
+            "deepseek-v3" | "deepseek-r1" | "deepseek-v3.1" => Self::DEEPSEEK_V3,
+            "deepseek-v3.2" => Self::DEEPSEEK_V32,
             "kimi-k2" => Self::KIMI_K2,
             _ => {
                 let names: Vec<&str> = Self::ALL.iter().map(|g| g.name).collect();
                 return Err(Error::InvalidConfig(format!(
-                    "unknown model preset {name:?} (expected one of {}, deepseek-r1, deepseek-v3.2)",
+                    "unknown model preset {name:?} (expected one of {}, deepseek-r1, deepseek-v3.1)",
                     names.join(", ")
                 )));
             }
@@ -384,6 +440,9 @@ pub struct CacheConfig {
     pub rope_dim: usize,
     /// Storage format.
     pub dtype: Dtype,
+    /// The indexer key cache kept beside the latent under the same block
+    /// ids (DeepSeek-V3.2), or `None`.
+    pub indexer: Option<IndexerGeometry>,
     /// Share full blocks between requests by prefix hash.
     pub enable_prefix_caching: bool,
     /// Order in which cached free blocks are evicted.
@@ -435,6 +494,7 @@ impl CacheConfig {
             kv_lora_rank: 512,
             rope_dim: 64,
             dtype: Dtype::Bf16,
+            indexer: None,
             enable_prefix_caching: true,
             eviction: EvictionPolicyKind::Lru,
             hash_seed: None,
@@ -460,6 +520,7 @@ impl CacheConfig {
             kv_lora_rank: model.kv_lora_rank,
             rope_dim: model.qk_rope_head_dim,
             dtype,
+            indexer: model.indexer,
             ..Self::new(num_blocks)
         }
     }
@@ -499,6 +560,11 @@ impl CacheConfig {
         let per_token = self
             .dtype
             .bytes_per_token(self.kv_lora_rank, self.rope_dim)?;
+        if let Some(indexer) = &self.indexer {
+            indexer.validate()?;
+        }
+        // Bounded widths: the latent's and the indexer's bytes per token fit easily.
+        let per_token = per_token + self.indexer_bytes_per_token_per_layer();
         let tokens = checked_mul(self.num_blocks, self.block_size, "num_blocks x block_size")?;
         if tokens > i64::MAX as usize {
             return Err(Error::InvalidConfig(
@@ -532,12 +598,23 @@ impl CacheConfig {
         self.kv_lora_rank + self.rope_dim
     }
 
-    /// Bytes one token takes in one layer. Panics on an invalid config;
-    /// call [`CacheConfig::validate`] first.
-    pub fn bytes_per_token_per_layer(&self) -> usize {
+    /// Bytes one token's latent takes in one layer. Panics on an invalid
+    /// config; call [`CacheConfig::validate`] first.
+    pub fn latent_bytes_per_token_per_layer(&self) -> usize {
         self.dtype
             .bytes_per_token(self.kv_lora_rank, self.rope_dim)
             .expect("validated config")
+    }
+
+    /// Bytes one token's indexer key takes in one layer (0 without an indexer).
+    pub fn indexer_bytes_per_token_per_layer(&self) -> usize {
+        self.indexer.map_or(0, |i| i.bytes_per_token())
+    }
+
+    /// Bytes one token takes in one layer: the latent and the indexer key.
+    /// Panics on an invalid config; call [`CacheConfig::validate`] first.
+    pub fn bytes_per_token_per_layer(&self) -> usize {
+        self.latent_bytes_per_token_per_layer() + self.indexer_bytes_per_token_per_layer()
     }
 
     /// Bytes one token takes over all layers.
@@ -545,7 +622,7 @@ impl CacheConfig {
         self.bytes_per_token_per_layer() * self.num_layers
     }
 
-    /// Bytes one block takes in one layer.
+    /// Bytes one block takes in one layer (latent and indexer parts).
     pub fn bytes_per_block_per_layer(&self) -> usize {
         self.bytes_per_token_per_layer() * self.block_size
     }
@@ -610,6 +687,25 @@ mod tests {
         assert_eq!(c.bytes_per_token(), 40_016);
         assert_eq!(c.bytes_per_block(), 40_016 * 64);
         assert_eq!(c.blocks_for_bytes(40_016 * 64 * 3 + 5), 3);
+    }
+
+    #[test]
+    fn deepseek_v32_counts_the_indexer_beside_the_latent() {
+        let c = CacheConfig::preset("deepseek-v3.2", 16, Dtype::Fp8DsMla).unwrap();
+        assert_eq!(c.num_layers, 61);
+        assert_eq!(c.indexer, Some(IndexerGeometry { head_dim: 128 }));
+        assert_eq!(c.latent_bytes_per_token_per_layer(), 656);
+        assert_eq!(c.indexer_bytes_per_token_per_layer(), 132);
+        assert_eq!(c.bytes_per_token(), (656 + 132) * 61);
+        assert_eq!(c.bytes_per_token(), 48_068);
+        assert_eq!(c.bytes_per_block_per_layer(), 64 * 788);
+        assert_eq!(c.bytes_per_block_per_layer() - 64 * 656, 8_448);
+        let v3 = CacheConfig::preset("deepseek-v3.1", 16, Dtype::Fp8DsMla).unwrap();
+        assert_eq!(v3.indexer, None);
+        assert_eq!(v3.bytes_per_token(), 40_016);
+        let mut bad = c.clone();
+        bad.indexer = Some(IndexerGeometry { head_dim: 130 });
+        assert!(bad.validate().unwrap_err().to_string().contains("indexer"));
     }
 
     #[test]

@@ -68,7 +68,9 @@ pub mod store;
 mod sync;
 pub mod tier;
 
-pub use config::{BlockHashKind, CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
+pub use config::{
+    BlockHashKind, CacheConfig, Dtype, EvictionPolicyKind, IndexerGeometry, ModelGeometry,
+};
 pub use error::{Error, Result};
 pub use events::CacheEvent;
 pub use hash::{BlockHash, ExtraKeys, MultiModalKey};

@@ -489,3 +489,117 @@ fn whole_blocks_move_between_device_and_host_tier() {
         assert_eq!(cache.stats().copy_errors, 0);
     }
 }
+
+/// DeepSeek-V3.2's indexer keys on the GPU against the host store, bit for
+/// bit: writes from every input type, both gathers, copy_blocks and whole
+/// blocks (latents then keys) out of and into the device.
+#[test]
+fn indexer_keys_match_the_host_store() {
+    let tokens = *TOKEN_COUNTS.iter().max().unwrap();
+    let config = CacheConfig {
+        indexer: Some(mla_cache::IndexerGeometry::DEEPSEEK_V32),
+        ..config(Dtype::Fp8DsMla, tokens)
+    };
+    let Some(store) = store_or_skip(&config) else {
+        return;
+    };
+    let gpu = Gpu::new();
+    let head_dim = 128;
+    let view = store.indexer_view(1).unwrap();
+    assert_eq!(view.shape, [config.num_blocks, 64, 132]);
+    for (i, elem) in ElemType::ALL.into_iter().enumerate() {
+        let mut rng = rng(5000 + i as u64);
+        let keys = sample(&mut rng, elem, tokens * head_dim, true);
+        let slots = slot_mapping(&mut rng, tokens, config.num_tokens());
+        let host = HostStore::new(&config).unwrap();
+        host.write_indexer(1, keys.values(), &slots).unwrap();
+        // SAFETY: the layer's indexer memory, nothing in flight.
+        unsafe { cu::memset_d8_sync(view.addr as sys::CUdeviceptr, 0, view.len_bytes()) }.unwrap();
+        let d_keys = gpu.upload(keys.bytes());
+        let d_slots = gpu.upload(as_bytes(&slots));
+        // SAFETY: device buffers alive until the stream is synchronized below.
+        unsafe {
+            store
+                .write_indexer_raw(
+                    1,
+                    keys.desc_at(d_keys.addr(), tokens, head_dim),
+                    VectorDesc::new(d_slots.addr(), slots.len()),
+                    gpu.stream(),
+                )
+                .unwrap();
+        }
+        gpu.sync();
+        let expected = host.with_indexer_bytes(1, |b| b.to_vec()).unwrap();
+        assert!(
+            download(view.addr, view.len_bytes()) == expected,
+            "GPU indexer write from {elem} differs from the host store"
+        );
+
+        let table = block_table(&mut rng, config.num_blocks);
+        let d_table = gpu.upload(as_bytes(&table));
+        let mut want = vec![0f32; tokens * head_dim];
+        host.gather_indexer_into(1, &table, &mut want).unwrap();
+        let d_out = gpu.upload(&vec![0u8; 4 * tokens * head_dim]);
+        let (d_codes, d_scales) = (
+            gpu.upload(&vec![0u8; tokens * head_dim]),
+            gpu.upload(&vec![0u8; 4 * tokens]),
+        );
+        // SAFETY: device buffers alive until the stream is synchronized below.
+        unsafe {
+            store
+                .gather_indexer_raw(
+                    1,
+                    VectorDesc::new(d_table.addr(), table.len()),
+                    MatrixDesc::contiguous(d_out.addr(), ElemType::F32, tokens, head_dim),
+                    gpu.stream(),
+                )
+                .unwrap();
+            store
+                .gather_indexer_quantized_raw(
+                    1,
+                    VectorDesc::new(d_table.addr(), table.len()),
+                    VectorDesc::new(d_codes.addr(), tokens * head_dim),
+                    VectorDesc::new(d_scales.addr(), tokens),
+                    gpu.stream(),
+                )
+                .unwrap();
+        }
+        gpu.sync();
+        assert!(
+            download(d_out.addr(), d_out.len) == as_bytes(&want),
+            "GPU indexer gather"
+        );
+        let (mut codes, mut scales) = (vec![0u8; tokens * head_dim], vec![0f32; tokens]);
+        host.gather_indexer_quantized(1, &table, &mut codes, &mut scales)
+            .unwrap();
+        assert!(
+            download(d_codes.addr(), d_codes.len) == codes,
+            "GPU quantized codes"
+        );
+        assert!(download(d_scales.addr(), d_scales.len) == as_bytes(&scales));
+
+        host.copy_blocks(&[(0, 2)], Stream::default()).unwrap();
+        store.copy_blocks(&[(0, 2)], gpu.stream()).unwrap();
+        gpu.sync();
+        let expected = host.with_indexer_bytes(1, |b| b.to_vec()).unwrap();
+        assert!(
+            download(view.addr, view.len_bytes()) == expected,
+            "GPU copy_blocks"
+        );
+    }
+    // Whole blocks: the device's read_block equals the host store's layout.
+    let host = HostStore::new(&config).unwrap();
+    let mut out = vec![0u8; store.block_bytes()];
+    store.read_block(2, &mut out, gpu.stream()).unwrap();
+    host.write_block(2, &out).unwrap();
+    let mut back = vec![0u8; host.block_bytes()];
+    host.read_block(2, &mut back).unwrap();
+    assert!(back == out);
+    store.write_block(1, &out, gpu.stream()).unwrap();
+    let mut again = vec![0u8; store.block_bytes()];
+    store.read_block(1, &mut again, gpu.stream()).unwrap();
+    assert!(again == out, "GPU write_block then read_block");
+    assert!(store
+        .write_block(1, &out[..out.len() - 1], gpu.stream())
+        .is_err());
+}

@@ -390,3 +390,189 @@ fn copy_blocks_copies_every_layer() {
         );
     }
 }
+
+/// [`config`] with DeepSeek-V3.2's indexer keys.
+fn indexer_config(tokens: usize) -> CacheConfig {
+    CacheConfig {
+        indexer: Some(mla_cache::IndexerGeometry::DEEPSEEK_V32),
+        ..config(Dtype::Fp8DsMla, tokens)
+    }
+}
+
+/// The indexer bytes of `layer` of a host store.
+fn indexer_bytes(store: &HostStore, layer: usize) -> Vec<u8> {
+    store.with_indexer_bytes(layer, |b| b.to_vec()).unwrap()
+}
+
+#[test]
+fn indexer_write_matches_cpu_codec() {
+    let emu = emulator_or_skip!();
+    for elem in ElemType::ALL {
+        for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+            let config = indexer_config(tokens);
+            let head_dim = 128;
+            let mut rng = rng(3000 + i as u64);
+            let keys = sample(&mut rng, elem, tokens * head_dim, true);
+            let slots = slot_mapping(&mut rng, tokens, config.num_tokens());
+            let host = HostStore::new(&config).unwrap();
+            host.write_indexer(1, keys.values(), &slots).unwrap();
+            let expected = indexer_bytes(&host, 1);
+
+            let mut cache = vec![FILL; expected.len()];
+            let launch = cuda::indexer_write_launch(
+                &config,
+                cache.as_mut_ptr() as u64,
+                &keys.desc_at(keys.bytes().as_ptr() as usize, tokens, head_dim),
+                &VectorDesc::from_slice(&slots),
+            )
+            .unwrap()
+            .unwrap();
+            run(emu, launch);
+            // Compare the written tokens' codes and scales; others stay FILL.
+            let what = format!("indexer write from {elem}, {tokens} tokens");
+            let (bs, block_bytes) = (config.block_size, config.block_size * 132);
+            for slot in 0..config.num_tokens() {
+                let block = slot / bs * block_bytes;
+                let codes = block + slot % bs * head_dim..block + (slot % bs + 1) * head_dim;
+                let scale = block + bs * head_dim + slot % bs * 4
+                    ..block + bs * head_dim + (slot % bs + 1) * 4;
+                if slots.contains(&(slot as i64)) {
+                    assert_eq!(
+                        cache[codes.clone()],
+                        expected[codes],
+                        "{what}: slot {slot} codes"
+                    );
+                    assert_eq!(
+                        cache[scale.clone()],
+                        expected[scale],
+                        "{what}: slot {slot} scale"
+                    );
+                } else {
+                    assert!(
+                        cache[codes].iter().all(|&b| b == FILL),
+                        "{what}: slot {slot} changed"
+                    );
+                    assert!(
+                        cache[scale].iter().all(|&b| b == FILL),
+                        "{what}: slot {slot} changed"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn indexer_gathers_match_cpu_codec() {
+    let emu = emulator_or_skip!();
+    for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+        let config = indexer_config(tokens);
+        let head_dim = 128;
+        let mut rng = rng(4000 + i as u64);
+        let all = config.num_tokens();
+        let keys = sample(&mut rng, ElemType::F32, all * head_dim, true);
+        let slots: Vec<i64> = (0..all as i64).collect();
+        let host = HostStore::new(&config).unwrap();
+        host.write_indexer(0, keys.values(), &slots).unwrap();
+        let cache = indexer_bytes(&host, 0);
+        let table = block_table(&mut rng, config.num_blocks);
+
+        let mut expected = vec![0f32; tokens * head_dim];
+        host.gather_indexer_into(0, &table, &mut expected).unwrap();
+        let mut got = vec![f32::from_bits(0xDEAD_BEEF); tokens * head_dim];
+        let out =
+            MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::F32, tokens, head_dim);
+        let table_desc = VectorDesc::from_slice(&table);
+        run(
+            emu,
+            cuda::indexer_gather_launch(&config, cache.as_ptr() as u64, &table_desc, &out)
+                .unwrap()
+                .unwrap(),
+        );
+        let bits = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        check_decoded(
+            &format!("indexer gather -> f32, {tokens} tokens"),
+            &bits(&got),
+            &bits(&expected),
+            4,
+            head_dim,
+        );
+
+        let mut expected = vec![bf16::ZERO; tokens * head_dim];
+        host.gather_indexer_into(0, &table, &mut expected).unwrap();
+        let mut got = vec![bf16::from_bits(0xBEEF); tokens * head_dim];
+        let out =
+            MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::Bf16, tokens, head_dim);
+        run(
+            emu,
+            cuda::indexer_gather_launch(&config, cache.as_ptr() as u64, &table_desc, &out)
+                .unwrap()
+                .unwrap(),
+        );
+        assert!(
+            got == expected,
+            "indexer gather -> bf16, {tokens} tokens differs"
+        );
+
+        let (mut codes, mut scales) = (vec![0u8; tokens * head_dim], vec![0f32; tokens]);
+        host.gather_indexer_quantized(0, &table, &mut codes, &mut scales)
+            .unwrap();
+        let (mut got_codes, mut got_scales) = (vec![FILL; tokens * head_dim], vec![-1f32; tokens]);
+        run(
+            emu,
+            cuda::indexer_gather_quantized_launch(
+                &config,
+                cache.as_ptr() as u64,
+                &table_desc,
+                &VectorDesc::new(got_codes.as_mut_ptr() as usize, got_codes.len()),
+                &VectorDesc::new(got_scales.as_mut_ptr() as usize, got_scales.len()),
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        assert!(
+            got_codes == codes,
+            "quantized gather codes, {tokens} tokens"
+        );
+        assert_eq!(bits(&got_scales), bits(&scales), "quantized gather scales");
+    }
+}
+
+#[test]
+fn indexer_copy_blocks_copies_every_layer() {
+    let emu = emulator_or_skip!();
+    let mut config = indexer_config(300);
+    config.num_layers = 3;
+    config.num_blocks = 12;
+    let block_bytes = config.block_size * 132;
+    let stride = (config.num_blocks * block_bytes).next_multiple_of(256);
+    let mut rng = rng(10);
+    let mut memory: Vec<u8> = (0..stride * 3 + 16)
+        .map(|_| rand::Rng::gen(&mut rng))
+        .collect();
+    let offset = memory.as_ptr().align_offset(16);
+    let base = memory[offset..].as_mut_ptr() as u64;
+    let before = memory.clone();
+    let pairs = [(1, 7), (0, 3), (11, 2)];
+    for launch in cuda::indexer_copy_blocks_launches(&config, base, stride, &pairs).unwrap() {
+        run(emu, launch);
+    }
+    let mut expected = before;
+    for layer in 0..3 {
+        for &(src, dst) in &pairs {
+            let s = offset + layer * stride + src as usize * block_bytes;
+            let d = offset + layer * stride + dst as usize * block_bytes;
+            expected.copy_within(s..s + block_bytes, d);
+        }
+    }
+    assert!(memory == expected, "indexer copy_blocks: bytes differ");
+    let plain = CacheConfig {
+        indexer: None,
+        ..config
+    };
+    assert!(
+        cuda::indexer_copy_blocks_launches(&plain, base, stride, &pairs)
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -73,14 +73,24 @@ fn quick() -> RedisOptions {
 }
 
 fn format() -> BlockFormat {
-    let c = config(Dtype::Fp8DsMla, 8);
-    BlockFormat::new(
-        &c,
-        c.num_layers * c.block_size * c.bytes_per_token_per_layer(),
-    )
+    format_for(&config(Dtype::Fp8DsMla, 8))
+}
+
+fn format_for(c: &CacheConfig) -> BlockFormat {
+    BlockFormat::new(c, c.bytes_per_block())
 }
 
 fn node(
+    spec: &str,
+    namespace: &str,
+    budget: Duration,
+    host: Option<usize>,
+) -> (TieredCache, std::sync::Arc<HostStore>) {
+    node_with(config(Dtype::Fp8DsMla, 8), spec, namespace, budget, host)
+}
+
+fn node_with(
+    config: CacheConfig,
     spec: &str,
     namespace: &str,
     budget: Duration,
@@ -93,14 +103,8 @@ fn node(
         queue_depth: 16,
         ..RemoteOptions::default()
     };
-    let remote = RemoteTier::new(Box::new(backend), format(), options).unwrap();
-    cache(
-        Dtype::Fp8DsMla,
-        8,
-        WritePolicy::WriteThrough,
-        host,
-        Some(remote),
-    )
+    let remote = RemoteTier::new(Box::new(backend), format_for(&config), options).unwrap();
+    cache_with(config, WritePolicy::WriteThrough, host, Some(remote))
 }
 
 fn digests(store: &HostStore, blocks: &[u32]) -> Vec<u64> {
@@ -415,6 +419,62 @@ fn damaged_values_on_the_server_are_rejected() {
             .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
             .unwrap();
         assert_eq!(hit.num_cached_tokens, 0);
+        assert_eq!(b.remote().unwrap().stats().rejected, 1);
+    }
+}
+
+#[test]
+fn v32_blocks_come_back_from_the_server_whole_or_not_at_all() {
+    let _serial = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(s) = servers() else { return };
+    let namespace = fresh_namespace("v32");
+    let c = config_v32(Dtype::Fp8DsMla, 8);
+    let budget = Duration::from_secs(5);
+    let (a, store_a) = node_with(c.clone(), &s.single, &namespace, budget, None);
+    let table = run_prefill(&a, &store_a, 1, 7, PROMPT);
+    assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
+    let original = block_bytes(&store_a, &table[..3]);
+    let keys = indexer_parts(&store_a, &table[..3]);
+
+    let (b, store_b) = node_with(c.clone(), &s.single, &namespace, budget, None);
+    let hit = b
+        .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(hit.hits.remote_tokens, 3 * BLOCK);
+    assert_eq!(block_bytes(&store_b, &hit.block_ids[..3]), original);
+    assert_eq!(indexer_parts(&store_b, &hit.block_ids[..3]), keys);
+
+    // Damage the first block's indexer part (the payload's tail) on the server.
+    let hash = a
+        .manager()
+        .chain_hashes(&prompt(7, PROMPT), &ExtraKeys::default())[0];
+    let key = format!("{}{:032x}", format_for(&c).key_prefix(&namespace), hash.0);
+    let mut conn = redis::Client::open(s.single.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    assert_eq!(value.len(), format_for(&c).value_len());
+    let indexer_part = c.num_layers * c.block_size * c.indexer_bytes_per_token_per_layer();
+    for damaged in [value[..value.len() - indexer_part].to_vec(), {
+        let mut v = value.clone();
+        let at = v.len() - indexer_part / 2;
+        v[at] ^= 0x10;
+        v
+    }] {
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg(damaged)
+            .query(&mut conn)
+            .unwrap();
+        let (b, _) = node_with(c.clone(), &s.single, &namespace, budget, None);
+        let hit = b
+            .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
+        assert_eq!(
+            hit.num_cached_tokens, 0,
+            "a block without its indexer keys loaded"
+        );
         assert_eq!(b.remote().unwrap().stats().rejected, 1);
     }
 }

@@ -165,10 +165,15 @@ fn remote(store: SimRemote, budget: Duration) -> RemoteTier {
 }
 
 fn remote_with(backend: Box<dyn RemoteBackend>, budget: Duration) -> RemoteTier {
-    let format = BlockFormat::new(&config(Dtype::Fp8DsMla, 8), {
-        let c = config(Dtype::Fp8DsMla, 8);
-        c.num_layers * c.block_size * c.bytes_per_token_per_layer()
-    });
+    remote_for(&config(Dtype::Fp8DsMla, 8), backend, budget)
+}
+
+fn remote_for(
+    c: &mla_cache::CacheConfig,
+    backend: Box<dyn RemoteBackend>,
+    budget: Duration,
+) -> RemoteTier {
+    let format = BlockFormat::new(c, c.bytes_per_block());
     let options = RemoteOptions {
         namespace: "test".into(),
         lookup_budget: budget,
@@ -322,4 +327,95 @@ fn a_slow_remote_store_costs_misses_not_a_stalled_admission() {
     }
     assert!(cache.remote().unwrap().stats().timeouts >= 1);
     slow.store(false, Ordering::SeqCst);
+}
+
+#[test]
+fn v32_blocks_keep_their_indexer_keys_through_the_host_and_remote_tiers() {
+    let c = config_v32(Dtype::Fp8DsMla, 8);
+    let shared = SimRemote::new(100);
+    let remote = remote_for(&c, Box::new(shared.clone()), Duration::from_secs(10));
+    let (a, store_a) = cache_with(c.clone(), WritePolicy::WriteThrough, Some(16), Some(remote));
+    assert_eq!(
+        store_a.block_bytes(),
+        3 * BLOCK * (656 + 132),
+        "a block is its latents and its indexer keys"
+    );
+    let table = run_prefill(&a, &store_a, 1, 7, PROMPT);
+    let original = block_bytes(&store_a, &table[..3]);
+    let keys = indexer_parts(&store_a, &table[..3]);
+    assert!(keys.iter().all(|(codes, _)| codes.iter().any(|&x| x != 0)));
+    assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
+
+    // Through the host tier: evicted from the device, loaded back.
+    a.free(1).unwrap();
+    flush_device(&a, &store_a, 2);
+    let back = a
+        .admit(3, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(back.hits.host_tokens, 3 * BLOCK);
+    assert_eq!(block_bytes(&store_a, &back.block_ids[..3]), original);
+    assert_eq!(indexer_parts(&store_a, &back.block_ids[..3]), keys);
+
+    // Through the remote tier, into another cache.
+    let remote = remote_for(&c, Box::new(shared), Duration::from_secs(10));
+    let (b, store_b) = cache_with(c, WritePolicy::WriteThrough, None, Some(remote));
+    let hit = b
+        .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(hit.hits.remote_tokens, 3 * BLOCK);
+    assert_eq!(block_bytes(&store_b, &hit.block_ids[..3]), original);
+    assert_eq!(indexer_parts(&store_b, &hit.block_ids[..3]), keys);
+}
+
+#[test]
+fn a_remote_block_whose_indexer_part_is_damaged_or_missing_is_a_miss() {
+    let c = config_v32(Dtype::Fp8DsMla, 8);
+    let indexer_part = c.num_layers * c.block_size * 132;
+    // The payload ends with the indexer part of every layer.
+    let damages: [fn(&mut Vec<u8>); 3] = [
+        |v| *v.last_mut().unwrap() ^= 0x40,
+        |v| {
+            let at = v.len() - 3 * BLOCK * 132 + 5;
+            v[at] ^= 1;
+        },
+        |v| v.truncate(v.len() - 3 * BLOCK * 132),
+    ];
+    assert_eq!(indexer_part, 3 * BLOCK * 132);
+    for damage in damages {
+        let shared = SimRemote::new(100);
+        let remote = remote_for(&c, Box::new(shared.clone()), Duration::from_secs(10));
+        let (a, store_a) = cache_with(c.clone(), WritePolicy::WriteThrough, None, Some(remote));
+        run_prefill(&a, &store_a, 1, 7, PROMPT);
+        assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
+        let faulty = Faulty {
+            inner: shared,
+            damage,
+            slow: Arc::default(),
+        };
+        let remote = remote_for(&c, Box::new(faulty), Duration::from_secs(10));
+        let (b, _) = cache_with(c.clone(), WritePolicy::WriteThrough, None, Some(remote));
+        let hit = b
+            .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+            .unwrap();
+        assert_eq!(hit.num_cached_tokens, 0, "a half block was loaded");
+        let stats = b.remote().unwrap().stats();
+        assert_eq!((stats.rejected, stats.hit_blocks), (1, 0));
+    }
+}
+
+#[test]
+fn a_cache_without_the_indexer_never_reads_v32_blocks() {
+    let shared = SimRemote::new(100);
+    let v32 = config_v32(Dtype::Fp8DsMla, 8);
+    let remote = remote_for(&v32, Box::new(shared.clone()), Duration::from_secs(10));
+    let (a, store_a) = cache_with(v32, WritePolicy::WriteThrough, None, Some(remote));
+    run_prefill(&a, &store_a, 1, 7, PROMPT);
+    assert!(a.remote().unwrap().flush(Duration::from_secs(10)));
+    let plain = config(Dtype::Fp8DsMla, 8);
+    let remote = remote_for(&plain, Box::new(shared), Duration::from_secs(10));
+    let (b, _) = cache_with(plain, WritePolicy::WriteThrough, None, Some(remote));
+    let hit = b
+        .admit(1, &prompt(7, PROMPT), &AdmitOptions::default())
+        .unwrap();
+    assert_eq!(hit.num_cached_tokens, 0);
 }

@@ -2,7 +2,8 @@
 //!
 //! An MLA cache has a single latent "head" per layer, which every tensor-
 //! parallel rank needs whole: it is replicated on all `tp` ranks, so tensor
-//! parallelism does not divide it. MHA and GQA caches are split by KV heads
+//! parallelism does not divide it. DeepSeek-V3.2 keeps its indexer keys
+//! (132 bytes per token and layer) beside the latent, replicated the same way. MHA and GQA caches are split by KV heads
 //! across ranks (a GQA model with fewer KV heads than ranks replicates each
 //! head on `tp / groups` ranks).
 
@@ -16,7 +17,8 @@ use crate::args;
 /// Options of `mla-cache plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Model preset: deepseek-v3 (also r1, v3.2), deepseek-v2, deepseek-v2-lite, kimi-k2.
+    /// Model preset: deepseek-v3 (also r1, v3.1), deepseek-v3.2 (with its indexer keys),
+    /// deepseek-v2, deepseek-v2-lite, kimi-k2.
     #[arg(long, value_parser = args::model, default_value = "deepseek-v3")]
     pub model: ModelGeometry,
     /// Override the preset's layer count.
@@ -64,7 +66,8 @@ pub struct PlanArgs {
 /// Published checkpoint of a preset: parameters (billions), bytes each, precision.
 fn published_weights(name: &str) -> Option<(f64, f64, &'static str)> {
     match name {
-        "deepseek-v3" => Some((671.0, 1.0, "FP8")),
+        // V3.2 adds only the small indexer to V3's 671B.
+        "deepseek-v3" | "deepseek-v3.2" => Some((671.0, 1.0, "FP8")),
         "kimi-k2" => Some((1000.0, 1.0, "FP8")),
         "deepseek-v2" => Some((236.0, 2.0, "BF16")),
         "deepseek-v2-lite" => Some((15.7, 2.0, "BF16")),
@@ -203,14 +206,19 @@ fn build(args: &PlanArgs) -> Result<(Plan, String), String> {
         let mut c = CacheConfig::for_model(&g, 1, dtype);
         c.block_size = bs;
         c.validate().map_err(|e| e.to_string())?;
-        let layout = if args.tp == 1 {
-            "whole latent".to_string()
+        let whole = if g.indexer.is_some() {
+            "whole latent + indexer key"
         } else {
-            format!("whole latent on each of {} ranks", args.tp)
+            "whole latent"
+        };
+        let layout = if args.tp == 1 {
+            whole.to_string()
+        } else {
+            format!("{whole} on each of {} ranks", args.tp)
         };
         rows.push(row(
             format!("MLA {dtype}"),
-            g.mla_elements_per_token(),
+            g.mla_elements_per_token() + g.indexer.map_or(0, |i| i.head_dim),
             c.bytes_per_token_per_layer(),
             c.bytes_per_token() as u64,
             layout,
@@ -286,6 +294,13 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         g.qk_rope_head_dim,
         g.mla_elements_per_token()
     );
+    if let Some(i) = g.indexer {
+        println!(
+            "  plus the sparse-attention indexer's key: {} e4m3 values + one fp32 scale = {} bytes per token and layer",
+            i.head_dim,
+            i.bytes_per_token()
+        );
+    }
     println!(
         "per GPU: {} x {} usable - {} weights ({weights_note}) = {} for the cache",
         format_bytes(plan.gpu_mem_bytes),

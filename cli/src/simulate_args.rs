@@ -54,7 +54,8 @@ pub struct SimulateArgs {
     /// Seed of the chat workload and of the block hashes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Model preset: deepseek-v3 (also r1, v3.2), deepseek-v2, deepseek-v2-lite, kimi-k2.
+    /// Model preset: deepseek-v3 (also r1, v3.1), deepseek-v3.2 (with its indexer keys),
+    /// deepseek-v2, deepseek-v2-lite, kimi-k2.
     #[arg(long, value_parser = args::model, default_value = "deepseek-v3")]
     pub model: ModelGeometry,
     /// Storage format of the latent cache.

@@ -71,6 +71,39 @@ fn deepseek_v3_fp8_holds_40016_bytes_per_token() {
 }
 
 #[test]
+fn deepseek_v32_counts_its_indexer_keys_in_every_format() {
+    let p = plan_json(&[
+        "--model",
+        "deepseek-v3.2",
+        "--gpu-mem",
+        "100GiB",
+        "--gpu-util",
+        "1",
+        "--weights-mem",
+        "60GiB",
+    ]);
+    let fp8 = row(&p, "MLA fp8_ds_mla");
+    assert_eq!(fp8["bytes_per_token_layer"], 656 + 132);
+    assert_eq!(fp8["bytes_per_token_per_gpu"], 48_068); // (656 + 132) x 61
+    assert_eq!(fp8["elements_per_token_layer"], 576 + 128);
+    let blocks = (40u64 << 30) / (48_068 * 64);
+    assert_eq!(fp8["tokens_per_gpu"], blocks * 64);
+    assert!(fp8["layout"].as_str().unwrap().contains("indexer key"));
+    assert_eq!(
+        row(&p, "MLA bf16")["bytes_per_token_per_gpu"],
+        61 * (1152 + 132)
+    );
+    assert_eq!(
+        row(&p, "MLA mxfp6")["bytes_per_token_per_gpu"],
+        61 * (528 + 132)
+    );
+    // The published checkpoint is known for V3.2 too.
+    assert!(mla_cache(&["plan", "--model", "deepseek-v3.2"])
+        .status
+        .success());
+}
+
+#[test]
 fn default_weights_come_from_the_published_checkpoint() {
     let p = plan_json(&[]);
     assert_eq!(p["weights_bytes_per_gpu"], 671_000_000_000u64 / 8);

@@ -180,6 +180,24 @@ fn unusable_inputs_are_errors_not_panics() {
 }
 
 #[test]
+fn deepseek_v32_sizes_the_cache_with_its_indexer_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write(dir.path(), "t.jsonl", &shared_prefix_trace());
+    let r = json(&[
+        "simulate",
+        "--trace",
+        &trace,
+        "--model",
+        "deepseek-v3.2",
+        "--json",
+    ]);
+    // 40 GiB of 61 x (656 + 132) B per token in blocks of 64.
+    assert_eq!(r["bytes_per_token"], 48_068);
+    assert_eq!(r["config"]["num_blocks"], (40u64 << 30) / (48_068 * 64));
+    assert_eq!(r["hit_tokens"], 1536);
+}
+
+#[test]
 fn sizes_parse_in_binary_and_decimal_units() {
     let dir = tempfile::tempdir().unwrap();
     let trace = write(dir.path(), "t.jsonl", &shared_prefix_trace());

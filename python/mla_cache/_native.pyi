@@ -68,6 +68,7 @@ class CacheConfig:
         cap_hit_at_last_token: bool = True,
         max_pending_events: int = 100000,
         block_hash: str = "xxh3",
+        indexer_head_dim: Optional[int] = None,
     ) -> "CacheConfig": ...
     @classmethod
     def preset(
@@ -102,6 +103,9 @@ class CacheConfig:
     def dtype(self) -> DtypeName:
         """Storage format name."""
     @property
+    def indexer_head_dim(self) -> Optional[int]:
+        """Width of the indexer keys cached beside the latent (``None``: no indexer)."""
+    @property
     def enable_prefix_caching(self) -> bool:
         """Whether full blocks are shared between requests by prefix hash."""
     @property
@@ -135,8 +139,14 @@ class CacheConfig:
     def elements_per_token(self) -> int:
         """Elements cached per token and layer (``kv_lora_rank + rope_dim``)."""
     @property
+    def latent_bytes_per_token_per_layer(self) -> int:
+        """Bytes one token's latent takes in one layer."""
+    @property
+    def indexer_bytes_per_token_per_layer(self) -> int:
+        """Bytes one token's indexer key takes in one layer (0 without one)."""
+    @property
     def bytes_per_token_per_layer(self) -> int:
-        """Bytes one token takes in one layer."""
+        """Bytes one token takes in one layer (latent and indexer key)."""
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token takes over all layers."""
@@ -541,8 +551,9 @@ class LayerBuffer:
     def dtype(self) -> Literal["uint8"]:
         """Element type of the buffer."""
     @property
-    def format(self) -> DtypeName:
-        """Storage format of the latents in it."""
+    def format(self) -> str:
+        """Storage format of the latents in it (a ``DtypeName``), or
+        ``"indexer_fp8"`` for a layer's indexer keys."""
     @property
     def device(self) -> str:
         """``"cpu"`` or ``"cuda:N"``."""
@@ -593,8 +604,40 @@ class LatentStore:
         self, pairs: Union[Iterable[Tuple[int, int]], npt.NDArray[np.integer[Any]]], *, stream: int = 0
     ) -> None:
         """Copies whole blocks ``src -> dst`` in every layer."""
+    def write_indexer(
+        self,
+        layer: int,
+        keys: TensorLike,
+        slot_mapping: IntVectorLike,
+        *,
+        stream: int = 0,
+    ) -> None:
+        """Quantizes and stores indexer keys ``[T, head_dim]`` (bfloat16, float16
+        or float32) at ``slot_mapping [T]`` (int64; negative: skip)."""
+    def gather_indexer(
+        self,
+        layer: int,
+        block_table: IntVectorLike,
+        num_tokens: int,
+        *,
+        dtype: Optional[Literal["float32", "bfloat16"]] = None,
+        out: Optional[TensorLike] = None,
+        stream: int = 0,
+    ) -> Any:
+        """Dequantizes the indexer keys of the first ``num_tokens`` tokens of a
+        sequence into ``[num_tokens, head_dim]`` values (into ``out`` if given)."""
+    def gather_indexer_quantized(
+        self, layer: int, block_table: IntVectorLike, num_tokens: int
+    ) -> Tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The stored e4m3 codes ``[num_tokens, head_dim]`` and fp32 scales
+        ``[num_tokens]`` of the indexer keys (host stores)."""
     def layer_buffer(self, layer: int) -> Union[npt.NDArray[np.uint8], LayerBuffer]:
         """A numpy ``uint8`` view of a layer (host) or a ``LayerBuffer`` (GPU)."""
+    def indexer_buffer(self, layer: int) -> Union[npt.NDArray[np.uint8], LayerBuffer]:
+        """A numpy ``uint8`` view of a layer's indexer keys (host) or a
+        ``LayerBuffer`` (GPU): ``[num_blocks, block_size, head_dim + 4]``."""
+    def indexer_view(self, layer: int) -> LayerBuffer:
+        """A ``LayerBuffer`` of a layer's indexer keys, on any device."""
     def layer_view(self, layer: int) -> LayerBuffer:
         """A ``LayerBuffer`` of a layer, on any device."""
     def data_ptr(self, layer: int) -> int:

@@ -22,6 +22,7 @@ def test_defaults_and_every_field_as_keyword():
         "cap_hit_at_last_token": True,
         "max_pending_events": 100_000,
         "block_hash": "xxh3",
+        "indexer_head_dim": None,
     }
     fields = dict(
         num_blocks=8,
@@ -39,6 +40,7 @@ def test_defaults_and_every_field_as_keyword():
         cap_hit_at_last_token=False,
         max_pending_events=7,
         block_hash="sha256_cbor",
+        indexer_head_dim=64,
     )
     c = CacheConfig(**fields)
     assert c.to_dict() == fields

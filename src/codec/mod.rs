@@ -10,11 +10,13 @@
 mod bf16_format;
 mod element;
 pub mod fp8_ds_mla;
+pub mod indexer_fp8;
 pub mod minifloat;
 pub mod mxfp6;
 pub mod nvfp4_ds_mla;
 
 pub use element::{Decoded, ElemType, Element, Values};
+pub use indexer_fp8::IndexerCodec;
 
 use half::bf16;
 

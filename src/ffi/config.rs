@@ -7,7 +7,7 @@ use super::types::{
     block_hash_from, dtype_from, eviction_from, MlaBlockHashKind, MlaDtype, MlaEvictionPolicyKind,
 };
 use super::{guard, text, MlaStatus, Out, Registry};
-use crate::{CacheConfig, Dtype, ModelGeometry};
+use crate::{CacheConfig, Dtype, IndexerGeometry, ModelGeometry};
 
 /// A cache configuration under construction (opaque). Create it with
 /// `mla_config_create` or `mla_config_from_preset`, adjust it with the
@@ -71,6 +71,9 @@ pub struct MlaConfigInfo {
     pub block_hash: MlaBlockHashKind,
     /// Most events waiting to be taken; more are dropped and counted.
     pub max_pending_events: usize,
+    /// Width of the indexer keys kept beside the latent (DeepSeek-V3.2:
+    /// 128); 0 when the cache has no indexer.
+    pub indexer_head_dim: usize,
 }
 
 /// Sizes derived from a valid configuration, as read by `mla_config_sizes`.
@@ -79,7 +82,7 @@ pub struct MlaConfigInfo {
 pub struct MlaConfigSizes {
     /// Elements cached per token and layer (`kv_lora_rank + rope_dim`).
     pub elements_per_token: usize,
-    /// Bytes of one token in one layer.
+    /// Bytes of one token in one layer (latent and indexer key).
     pub bytes_per_token_per_layer: usize,
     /// Bytes of one token over all layers.
     pub bytes_per_token: usize,
@@ -93,6 +96,8 @@ pub struct MlaConfigSizes {
     pub num_tokens: usize,
     /// Pinned-block budget in effect.
     pub pin_budget: usize,
+    /// Bytes of one token's indexer key in one layer (0 without an indexer).
+    pub indexer_bytes_per_token_per_layer: usize,
 }
 
 /// The published attention geometry of a model, as read by `mla_model_geometry`.
@@ -115,6 +120,8 @@ pub struct MlaModelGeometry {
     pub qk_rope_head_dim: usize,
     /// Per-head value width.
     pub v_head_dim: usize,
+    /// Width of the sparse-attention indexer's keys; 0 without an indexer.
+    pub indexer_head_dim: usize,
 }
 
 fn create(config: CacheConfig, out: Out<*mut MlaConfig>) {
@@ -228,6 +235,19 @@ pub extern "C" fn mla_config_set_kv_lora_rank(config: *mut MlaConfig, value: usi
 #[no_mangle]
 pub extern "C" fn mla_config_set_rope_dim(config: *mut MlaConfig, value: usize) -> MlaStatus {
     set("mla_config_set_rope_dim", config, |c| c.rope_dim = value)
+}
+
+/// Keeps indexer keys of `head_dim` values beside the latent under the same
+/// block ids (DeepSeek-V3.2: 128); 0 keeps none. Checked on use
+/// (`mla_config_validate`). Thread safety: thread-safe.
+#[no_mangle]
+pub extern "C" fn mla_config_set_indexer_head_dim(
+    config: *mut MlaConfig,
+    head_dim: usize,
+) -> MlaStatus {
+    set("mla_config_set_indexer_head_dim", config, |c| {
+        c.indexer = (head_dim > 0).then_some(IndexerGeometry { head_dim })
+    })
 }
 
 /// Sets the storage format (an `MlaDtype` value; others fail with
@@ -372,6 +392,7 @@ pub(crate) fn info(c: &CacheConfig) -> MlaConfigInfo {
         cap_hit_at_last_token: c.cap_hit_at_last_token,
         block_hash: c.block_hash.into(),
         max_pending_events: c.max_pending_events,
+        indexer_head_dim: c.indexer.map_or(0, |i| i.head_dim),
     }
 }
 
@@ -434,6 +455,7 @@ pub unsafe extern "C" fn mla_config_sizes(
             total_bytes: c.total_bytes(),
             num_tokens: c.num_tokens(),
             pin_budget: c.pin_budget(),
+            indexer_bytes_per_token_per_layer: c.indexer_bytes_per_token_per_layer(),
         };
         // SAFETY: per the contract.
         unsafe { out.set(sizes) };
@@ -550,6 +572,7 @@ pub unsafe extern "C" fn mla_model_geometry(
             qk_nope_head_dim: g.qk_nope_head_dim,
             qk_rope_head_dim: g.qk_rope_head_dim,
             v_head_dim: g.v_head_dim,
+            indexer_head_dim: g.indexer.map_or(0, |i| i.head_dim),
         };
         // SAFETY: per the contract.
         unsafe { out.set(geometry) };

@@ -127,6 +127,30 @@ fn device(d: Device) -> (MlaDeviceKind, usize) {
     }
 }
 
+/// The raw memory of one layer's indexer keys (DeepSeek-V3.2), for the
+/// indexer's kernels: `[num_blocks][block_size][head_dim + 4]` bytes, each
+/// block holding every token's `head_dim` e4m3 codes first, then every
+/// token's fp32 scale.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct MlaIndexerView {
+    /// Address of the layer's first indexer byte (host or device memory);
+    /// valid until the store is destroyed. Accesses bypass the store's ordering.
+    pub data: *mut c_void,
+    /// Memory space of `data`.
+    pub device_kind: MlaDeviceKind,
+    /// CUDA device ordinal (0 for host memory).
+    pub device_ordinal: usize,
+    /// Values per key.
+    pub head_dim: usize,
+    /// `[num_blocks, block_size, head_dim + 4]`.
+    pub shape: [usize; 3],
+    /// Byte strides of the three dimensions.
+    pub strides: [usize; 3],
+    /// Bytes of the layer's indexer keys.
+    pub len_bytes: usize,
+}
+
 /// Converts a C matrix descriptor; the store checks shapes and types.
 ///
 /// # Safety
@@ -394,6 +418,151 @@ pub unsafe extern "C" fn mla_store_layer_view(
             strides: view.strides,
             len_bytes: view.len_bytes(),
             layout: layout(view.layout),
+        };
+        // SAFETY: per the contract.
+        unsafe { out.set(view) };
+        Ok(())
+    })
+}
+
+/// Quantizes and stores `num_slots` indexer keys of layer `layer` (vLLM's
+/// `indexer_k_quant_and_cache`): row `t` of `keys` (`[num_slots,
+/// head_dim]`, bf16, fp16 or fp32) goes to slot `slot_mapping[t]`;
+/// negative slots are skipped. Fails with `MLA_STATUS_INVALID_ARGUMENT`
+/// when the configuration has no indexer. Memory spaces and `stream` as for
+/// `mla_store_write`.
+///
+/// # Safety
+/// As for `mla_store_write`.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_write_indexer(
+    store: *const MlaStore,
+    layer: usize,
+    keys: *const MlaMatrix,
+    slot_mapping: *const i64,
+    num_slots: usize,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_write_indexer", || {
+        // SAFETY: per the contract.
+        let keys = unsafe { matrix(keys, "keys") }?;
+        if slot_mapping.is_null() && num_slots > 0 {
+            return Err(Failure::null("slot_mapping"));
+        }
+        let slots = VectorDesc::new(slot_mapping as usize, num_slots);
+        STORES.with(store, |s| {
+            Ok(unsafe {
+                s.inner
+                    .write_indexer_raw(layer, keys, slots, Stream(stream as usize))
+            }?)
+        })
+    })
+}
+
+/// Dequantizes the indexer keys of the first `out->rows` tokens of a
+/// sequence from layer `layer` into `out` (`[tokens, head_dim]`, bf16 or
+/// fp32), through `block_table` as `mla_store_gather` reads it.
+///
+/// # Safety
+/// As for `mla_store_gather`.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_gather_indexer(
+    store: *const MlaStore,
+    layer: usize,
+    block_table: *const MlaBlockId,
+    num_block_ids: usize,
+    out: *const MlaMatrix,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_gather_indexer", || {
+        // SAFETY: per the contract.
+        let out = unsafe { matrix(out, "out") }?;
+        if block_table.is_null() && num_block_ids > 0 {
+            return Err(Failure::null("block_table"));
+        }
+        let table = VectorDesc::new(block_table as usize, num_block_ids);
+        STORES.with(store, |s| {
+            Ok(unsafe {
+                s.inner
+                    .gather_indexer_raw(layer, table, out, Stream(stream as usize))
+            }?)
+        })
+    })
+}
+
+/// Copies the stored indexer keys of the first `num_tokens` tokens of a
+/// sequence without dequantizing: token `t`'s `head_dim` e4m3 codes to
+/// `codes + t * head_dim` and its fp32 scale to `scales[t]`.
+///
+/// # Safety
+/// `block_table` must hold `num_block_ids` ids, `codes` `num_tokens *
+/// head_dim` writable bytes and `scales` `num_tokens` writable floats, all
+/// in the store's memory space (valid until the stream reaches the work,
+/// on a CUDA store).
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_gather_indexer_quantized(
+    store: *const MlaStore,
+    layer: usize,
+    block_table: *const MlaBlockId,
+    num_block_ids: usize,
+    codes: *mut u8,
+    scales: *mut f32,
+    num_tokens: usize,
+    stream: *mut c_void,
+) -> MlaStatus {
+    guard("mla_store_gather_indexer_quantized", || {
+        if block_table.is_null() && num_block_ids > 0 {
+            return Err(Failure::null("block_table"));
+        }
+        let table = VectorDesc::new(block_table as usize, num_block_ids);
+        STORES.with(store, |s| {
+            let head_dim = s.inner.config().indexer.map_or(0, |i| i.head_dim);
+            let codes = VectorDesc::new(codes as usize, num_tokens.saturating_mul(head_dim));
+            let scales = VectorDesc::new(scales as usize, num_tokens);
+            Ok(unsafe {
+                s.inner.gather_indexer_quantized_raw(
+                    layer,
+                    table,
+                    codes,
+                    scales,
+                    Stream(stream as usize),
+                )
+            }?)
+        })
+    })
+}
+
+/// Describes the raw memory of layer `layer`'s indexer keys; fails with
+/// `MLA_STATUS_INVALID_ARGUMENT` when the configuration has no indexer.
+///
+/// # Safety
+/// `out` must be valid for a write.
+///
+/// Thread safety: thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn mla_store_indexer_view(
+    store: *const MlaStore,
+    layer: usize,
+    out: *mut MlaIndexerView,
+) -> MlaStatus {
+    guard("mla_store_indexer_view", || {
+        let out = Out::new(out, "out")?;
+        let view = STORES.with(store, |s| Ok(s.inner.indexer_view(layer)?))?;
+        let (device_kind, device_ordinal) = device(view.device);
+        let view = MlaIndexerView {
+            data: view.addr as *mut c_void,
+            device_kind,
+            device_ordinal,
+            head_dim: view.head_dim,
+            shape: view.shape,
+            strides: view.strides,
+            len_bytes: view.len_bytes(),
         };
         // SAFETY: per the contract.
         unsafe { out.set(view) };

@@ -56,6 +56,7 @@ impl CacheConfig {
         cap_hit_at_last_token = true,
         max_pending_events = 100_000,
         block_hash = "xxh3",
+        indexer_head_dim = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -74,6 +75,7 @@ impl CacheConfig {
         cap_hit_at_last_token: bool,
         #[pyo3(from_py_with = ints::size)] max_pending_events: usize,
         block_hash: &str,
+        #[pyo3(from_py_with = ints::opt_size)] indexer_head_dim: Option<usize>,
     ) -> PyResult<Self> {
         let config = config::CacheConfig {
             num_blocks,
@@ -82,6 +84,7 @@ impl CacheConfig {
             kv_lora_rank,
             rope_dim,
             dtype: dtype.parse::<Dtype>().map_err(errors::to_py)?,
+            indexer: indexer_head_dim.map(|head_dim| config::IndexerGeometry { head_dim }),
             enable_prefix_caching,
             eviction: eviction
                 .parse::<EvictionPolicyKind>()
@@ -160,6 +163,7 @@ impl CacheConfig {
         d.set_item("enable_events", c.enable_events)?;
         d.set_item("cap_hit_at_last_token", c.cap_hit_at_last_token)?;
         d.set_item("max_pending_events", c.max_pending_events)?;
+        d.set_item("indexer_head_dim", c.indexer.map(|i| i.head_dim))?;
         Ok(d)
     }
 
@@ -197,6 +201,13 @@ impl CacheConfig {
     #[getter]
     fn dtype(&self) -> &'static str {
         self.0.dtype.name()
+    }
+
+    /// Width of the indexer keys cached beside the latent (``None``: no
+    /// indexer; 128 for DeepSeek-V3.2).
+    #[getter]
+    fn indexer_head_dim(&self) -> Option<usize> {
+        self.0.indexer.map(|i| i.head_dim)
     }
 
     /// Whether full blocks are shared between requests by prefix hash.
@@ -265,7 +276,19 @@ impl CacheConfig {
         self.0.elements_per_token()
     }
 
-    /// Bytes one token takes in one layer.
+    /// Bytes one token's latent takes in one layer.
+    #[getter]
+    fn latent_bytes_per_token_per_layer(&self) -> usize {
+        self.0.latent_bytes_per_token_per_layer()
+    }
+
+    /// Bytes one token's indexer key takes in one layer (0 without one).
+    #[getter]
+    fn indexer_bytes_per_token_per_layer(&self) -> usize {
+        self.0.indexer_bytes_per_token_per_layer()
+    }
+
+    /// Bytes one token takes in one layer (latent and indexer key).
     #[getter]
     fn bytes_per_token_per_layer(&self) -> usize {
         self.0.bytes_per_token_per_layer()
@@ -360,6 +383,11 @@ impl CacheConfig {
             "max_pending_events",
             c.max_pending_events != d.max_pending_events,
             c.max_pending_events.to_string(),
+        );
+        opt(
+            "indexer_head_dim",
+            c.indexer != d.indexer,
+            py_opt(c.indexer.map(|i| i.head_dim.to_string())),
         );
         opt(
             "cap_hit_at_last_token",

@@ -19,7 +19,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::store::{Device, LatentStore, LayerView};
+use super::layer_buffer::BufferView;
+use crate::store::{Device, LatentStore};
 
 const CAPSULE: &CStr = c"dltensor";
 
@@ -114,7 +115,7 @@ unsafe extern "C" fn destroy_capsule(capsule: *mut ffi::PyObject) {
 /// bytes_per_token]` memory of a layer, keeping `owner` alive.
 pub(crate) fn export_layer<'py>(
     py: Python<'py>,
-    view: &LayerView,
+    view: &BufferView,
     owner: Arc<dyn LatentStore>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let mut export = Box::new(Export {

@@ -1,5 +1,6 @@
-//! `LayerBuffer`: the raw memory of one layer of a store, exported through
-//! DLPack and as a raw pointer, keeping the store alive.
+//! `LayerBuffer`: the raw memory of one layer of a store (its latents or its
+//! indexer keys), exported through DLPack and as a raw pointer, keeping the
+//! store alive.
 
 use std::sync::Arc;
 
@@ -8,11 +9,59 @@ use pyo3::prelude::*;
 
 use super::dlpack;
 use super::tensors::device_name;
-use crate::store::{LatentStore, LayerView};
+use crate::store::{Device, IndexerView, LatentStore, LayerView};
+
+/// The bytes a [`LayerBuffer`] hands out: a layer's latents or its indexer keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BufferView {
+    /// Address of the first byte.
+    pub addr: usize,
+    /// Where the bytes are.
+    pub device: Device,
+    /// Dimensions, in bytes.
+    pub shape: [usize; 3],
+    /// Strides of `shape`, in bytes.
+    pub strides: [usize; 3],
+    /// What the bytes hold: a latent format's name, or `indexer_fp8`.
+    pub format: &'static str,
+}
+
+impl BufferView {
+    /// Bytes of the buffer.
+    pub fn len_bytes(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl From<LayerView> for BufferView {
+    fn from(v: LayerView) -> Self {
+        Self {
+            addr: v.addr,
+            device: v.device,
+            shape: v.shape,
+            strides: v.strides,
+            format: v.dtype.name(),
+        }
+    }
+}
+
+impl From<IndexerView> for BufferView {
+    fn from(v: IndexerView) -> Self {
+        Self {
+            addr: v.addr,
+            device: v.device,
+            shape: v.shape,
+            strides: v.strides,
+            format: "indexer_fp8",
+        }
+    }
+}
 
 /// The memory of one layer of a ``LatentStore``: ``uint8`` of shape
 /// ``[num_blocks, block_size, bytes_per_token]``, contiguous, on the store's
-/// device. Pass it to ``torch.from_dlpack`` (or ``numpy.from_dlpack`` on the
+/// device; for the indexer keys (``format`` ``"indexer_fp8"``)
+/// ``[num_blocks, block_size, head_dim + 4]``, each block all codes first,
+/// then all fp32 scales. Pass it to ``torch.from_dlpack`` (or ``numpy.from_dlpack`` on the
 /// CPU) for a zero-copy tensor, or use ``data_ptr()`` with an attention
 /// kernel. It keeps the store's memory alive. Writes through it bypass the
 /// store's locks, and ``__dlpack__`` ignores ``stream``: order accesses with
@@ -20,12 +69,12 @@ use crate::store::{LatentStore, LayerView};
 #[pyclass(frozen, module = "mla_cache")]
 pub struct LayerBuffer {
     store: Arc<dyn LatentStore>,
-    view: LayerView,
+    view: BufferView,
     layer: usize,
 }
 
 impl LayerBuffer {
-    pub(crate) fn new(store: Arc<dyn LatentStore>, view: LayerView, layer: usize) -> Self {
+    pub(crate) fn new(store: Arc<dyn LatentStore>, view: BufferView, layer: usize) -> Self {
         Self { store, view, layer }
     }
 }
@@ -90,11 +139,12 @@ impl LayerBuffer {
         "uint8"
     }
 
-    /// Storage format of the latents in it (``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"``,
-    /// ``"nvfp4_ds_mla"``).
+    /// What it holds: the latents' storage format (``"bf16"``,
+    /// ``"fp8_ds_mla"``, ``"mxfp6"``, ``"nvfp4_ds_mla"``), or ``"indexer_fp8"``
+    /// for indexer keys.
     #[getter]
     fn format(&self) -> &'static str {
-        self.view.dtype.name()
+        self.view.format
     }
 
     /// ``"cpu"`` or ``"cuda:N"``.
@@ -120,7 +170,7 @@ impl LayerBuffer {
             "LayerBuffer(layer={}, shape={:?}, format='{}', device='{}', data_ptr={:#x})",
             self.layer,
             self.view.shape,
-            self.view.dtype,
+            self.view.format,
             device_name(self.view.device),
             self.view.addr
         )

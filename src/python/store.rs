@@ -1,10 +1,11 @@
-//! `LatentStore`: the cached latents of every layer, on the host or a GPU,
-//! with quantizing writes, decoding gathers and block copies.
+//! `LatentStore`: the cached latents of every layer (and DeepSeek-V3.2's
+//! indexer keys), on the host or a GPU, with quantizing writes, decoding
+//! gathers and block copies.
 
 use std::sync::Arc;
 
 use numpy::ndarray::ArrayView3;
-use numpy::{PyArray2, PyArray3, PyUntypedArray};
+use numpy::{PyArray1, PyArray2, PyArray3, PyArrayMethods, PyUntypedArray};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -12,7 +13,7 @@ use super::config::CacheConfig;
 use super::errors;
 use super::int_arrays;
 use super::ints;
-use super::layer_buffer::LayerBuffer;
+use super::layer_buffer::{BufferView, LayerBuffer};
 use super::tensors::{device_name, is_raw_tuple, Elem, Tensor};
 use crate::codec::ElemType;
 use crate::store::{self, Device, HostStore, HostStoreOptions, MatrixDesc, Stream, VectorDesc};
@@ -45,6 +46,12 @@ pub struct LatentStore {
 
 /// A store, seen as latents and as whole blocks.
 type Opened = (Arc<dyn store::LatentStore>, Arc<dyn BlockTransfer>);
+
+/// Stored indexer keys as host arrays: e4m3 codes and fp32 scales.
+type QuantizedKeys<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray1<f32>>);
+
+/// The raw call a gather makes once its arguments are checked.
+type GatherCall<'a> = &'a (dyn Fn(VectorDesc<crate::BlockId>, MatrixDesc) -> Result<()> + Sync);
 
 /// Shares a freshly opened store as both views.
 fn opened<S: store::LatentStore + BlockTransfer + 'static>(s: S) -> Opened {
@@ -182,8 +189,83 @@ impl LatentStore {
                     "{name} overlaps the store's memory (layer {layer})"
                 )));
             }
+            if let Ok(view) = self.store.indexer_view(layer) {
+                if addr < view.addr + view.len_bytes() && view.addr < addr.saturating_add(len) {
+                    return Err(PyValueError::new_err(format!(
+                        "{name} overlaps the store's indexer keys (layer {layer})"
+                    )));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// A gather of `num_tokens` rows of `width` values through `block_table`
+    /// into `out` or a new host array of `dtype`: checks the arguments, then
+    /// runs `call` without the GIL. Returns the output.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_rows<'py>(
+        &self,
+        py: Python<'py>,
+        block_table: &Bound<'py, PyAny>,
+        num_tokens: usize,
+        width: usize,
+        dtype: Option<&str>,
+        out: Option<Bound<'py, PyAny>>,
+        stream: usize,
+        call: GatherCall<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let elem = match dtype.map(|d| (d, Elem::parse(d))) {
+            None => None,
+            Some((_, Some(Elem::Float(e @ (ElemType::F32 | ElemType::Bf16))))) => Some(e),
+            Some((d, _)) => {
+                return Err(PyValueError::new_err(format!(
+                    "dtype must be \"float32\" or \"bfloat16\", got {d:?}"
+                )))
+            }
+        };
+        let table = self.int_arg(
+            block_table,
+            "block_table",
+            (&[Elem::I32, Elem::U32], "int32 or uint32"),
+            int_arrays::block_ids,
+            stream,
+        )?;
+        let out = match out {
+            Some(out) => out,
+            None if self.place() == Device::Host => {
+                host_output(py, num_tokens, width, elem.unwrap_or(ElemType::F32))?
+            }
+            None => {
+                return Err(PyValueError::new_err(
+                    "a GPU store gathers into a device tensor: pass out=",
+                ))
+            }
+        };
+        let (o, _o) = self.matrix(&out, "out", &[ElemType::Bf16, ElemType::F32], stream, true)?;
+        if o.rows != num_tokens {
+            return Err(PyValueError::new_err(format!(
+                "out has {} rows, num_tokens is {num_tokens}",
+                o.rows
+            )));
+        }
+        if elem.is_some_and(|e| e != o.elem) {
+            return Err(PyValueError::new_err(format!(
+                "dtype {:?} disagrees with out's {}",
+                dtype.unwrap_or_default(),
+                o.elem
+            )));
+        }
+        let desc = table.desc;
+        py.detach(|| call(desc, o)).map_err(errors::to_py)?;
+        Ok(out)
+    }
+
+    /// The indexer key width, or the error of a store without an indexer.
+    fn head_dim(&self) -> PyResult<usize> {
+        store::check_indexer(self.store.config())
+            .map(|i| i.head_dim)
+            .map_err(errors::to_py)
     }
 }
 
@@ -300,55 +382,127 @@ impl LatentStore {
         out: Option<Bound<'py, PyAny>>,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let elem = match dtype.map(|d| (d, Elem::parse(d))) {
-            None => None,
-            Some((_, Some(Elem::Float(e @ (ElemType::F32 | ElemType::Bf16))))) => Some(e),
-            Some((d, _)) => {
-                return Err(PyValueError::new_err(format!(
-                    "dtype must be \"float32\" or \"bfloat16\", got {d:?}"
-                )))
-            }
-        };
-        let table = self.int_arg(
+        let store = &self.store;
+        let width = store.config().elements_per_token();
+        // SAFETY: the descriptors `gather_rows` passes describe memory it
+        // keeps alive for this call, `out` writable and disjoint from the store.
+        let call = |table, out| unsafe { store.gather_raw(layer, table, out, Stream(stream)) };
+        self.gather_rows(
+            py,
             block_table,
-            "block_table",
-            (&[Elem::I32, Elem::U32], "int32 or uint32"),
-            int_arrays::block_ids,
+            num_tokens,
+            width,
+            dtype,
+            out,
+            stream,
+            &call,
+        )
+    }
+
+    /// Quantizes and stores DeepSeek-V3.2's indexer keys (vLLM's
+    /// ``indexer_k_quant_and_cache``): row ``t`` of ``keys [T, head_dim]``
+    /// (bfloat16, float16 or float32) goes to slot ``slot_mapping[t]``
+    /// (int64) of ``layer``'s indexer part; negative slots are skipped.
+    /// Raises ``ValueError`` when the config has no indexer.
+    #[pyo3(signature = (layer, keys, slot_mapping, *, stream = 0))]
+    fn write_indexer(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = ints::size)] layer: usize,
+        keys: &Bound<'_, PyAny>,
+        slot_mapping: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = ints::size)] stream: usize,
+    ) -> PyResult<()> {
+        self.head_dim()?;
+        let (k, _k) = self.matrix(keys, "keys", &ElemType::ALL, stream, false)?;
+        let slots = self.int_arg(
+            slot_mapping,
+            "slot_mapping",
+            (&[Elem::I64], "int64"),
+            int_arrays::slots,
             stream,
         )?;
-        let out = match out {
-            Some(out) => out,
-            None if self.place() == Device::Host => {
-                let width = self.store.config().elements_per_token();
-                host_output(py, num_tokens, width, elem.unwrap_or(ElemType::F32))?
-            }
-            None => {
-                return Err(PyValueError::new_err(
-                    "a GPU store gathers into a device tensor: pass out=",
-                ))
-            }
-        };
-        let (o, _o) = self.matrix(&out, "out", &[ElemType::Bf16, ElemType::F32], stream, true)?;
-        if o.rows != num_tokens {
-            return Err(PyValueError::new_err(format!(
-                "out has {} rows, num_tokens is {num_tokens}",
-                o.rows
-            )));
-        }
-        if elem.is_some_and(|e| e != o.elem) {
-            return Err(PyValueError::new_err(format!(
-                "dtype {:?} disagrees with out's {}",
-                dtype.unwrap_or_default(),
-                o.elem
-            )));
-        }
+        self.disjoint("slot_mapping", slots.desc.addr, slots.desc.len * 8)?;
         let store = &self.store;
-        let desc = table.desc;
-        // SAFETY: `desc` and `o` describe memory kept alive by `table` and
-        // `_o` for this call, `o` writable and disjoint from the store.
-        py.detach(|| unsafe { store.gather_raw(layer, desc, o, Stream(stream)) })
+        let desc = slots.desc;
+        // SAFETY: as in `write`: memory kept alive by `_k` and `slots`,
+        // disjoint from the store.
+        py.detach(|| unsafe { store.write_indexer_raw(layer, k, desc, Stream(stream)) })
+            .map_err(errors::to_py)
+    }
+
+    /// Dequantizes the indexer keys of the first ``num_tokens`` tokens of a
+    /// sequence (``block_table``, int32) into ``[num_tokens, head_dim]``
+    /// values, into ``out`` or a new host array of ``dtype``, as ``gather``.
+    #[pyo3(signature = (layer, block_table, num_tokens, *, dtype = None, out = None, stream = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn gather_indexer<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = ints::size)] layer: usize,
+        block_table: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = ints::size)] num_tokens: usize,
+        dtype: Option<&str>,
+        out: Option<Bound<'py, PyAny>>,
+        #[pyo3(from_py_with = ints::size)] stream: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let width = self.head_dim()?;
+        let store = &self.store;
+        // SAFETY: as in `gather`.
+        let call =
+            |table, out| unsafe { store.gather_indexer_raw(layer, table, out, Stream(stream)) };
+        self.gather_rows(
+            py,
+            block_table,
+            num_tokens,
+            width,
+            dtype,
+            out,
+            stream,
+            &call,
+        )
+    }
+
+    /// The stored indexer keys of the first ``num_tokens`` tokens of a
+    /// sequence, not dequantized: ``(codes, scales)``, new host arrays of
+    /// e4m3 codes (``uint8 [num_tokens, head_dim]``) and fp32 scales
+    /// (``float32 [num_tokens]``). Host stores only; on a GPU read
+    /// ``indexer_buffer`` in place.
+    fn gather_indexer_quantized<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = ints::size)] layer: usize,
+        block_table: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = ints::size)] num_tokens: usize,
+    ) -> PyResult<QuantizedKeys<'py>> {
+        let head_dim = self.head_dim()?;
+        if self.place() != Device::Host {
+            return Err(PyValueError::new_err(
+                "gather_indexer_quantized copies into host arrays: use a host store, \
+                 or read indexer_buffer on the GPU",
+            ));
+        }
+        let table = int_arrays::block_ids(block_table)?;
+        let codes = PyArray2::<u8>::zeros(py, [num_tokens, head_dim], false);
+        let scales = PyArray1::<f32>::zeros(py, num_tokens, false);
+        {
+            let mut c = codes.readwrite();
+            let mut sc = scales.readwrite();
+            let (c, sc) = (c.as_slice_mut()?, sc.as_slice_mut()?);
+            let store = &self.store;
+            let (c, sc) = (
+                VectorDesc::new(c.as_mut_ptr() as usize, c.len()),
+                VectorDesc::new(sc.as_mut_ptr() as usize, sc.len()),
+            );
+            let table = VectorDesc::from_slice(&table);
+            // SAFETY: fresh arrays and an owned table, alive and unaliased
+            // for the call.
+            py.detach(|| unsafe {
+                store.gather_indexer_quantized_raw(layer, table, c, sc, Stream::default())
+            })
             .map_err(errors::to_py)?;
-        Ok(out)
+        }
+        Ok((codes, scales))
     }
 
     /// Copies whole blocks ``src -> dst`` in every layer (the copies
@@ -375,31 +529,45 @@ impl LatentStore {
         slf: &Bound<'py, Self>,
         #[pyo3(from_py_with = ints::size)] layer: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.get();
-        let view = this.store.layer_view(layer).map_err(errors::to_py)?;
-        if view.device != Device::Host {
-            return Ok(Bound::new(
-                slf.py(),
-                LayerBuffer::new(Arc::clone(&this.store), view, layer),
-            )?
-            .into_any());
-        }
-        let [blocks, tokens, bytes] = view.shape;
-        // SAFETY: the layer is `blocks * tokens * bytes` contiguous bytes
-        // owned by the store, which the array's base object (`slf`) keeps
-        // alive; the store never reallocates it.
-        let array = unsafe {
-            let data = ArrayView3::from_shape_ptr((blocks, tokens, bytes), view.addr as *const u8);
-            PyArray3::<u8>::borrow_from_array(&data, slf.clone().into_any())
-        };
-        Ok(array.into_any())
+        let view = slf.get().store.layer_view(layer).map_err(errors::to_py)?;
+        buffer(slf, view.into(), layer)
+    }
+
+    /// The indexer keys of ``layer``, ``[num_blocks, block_size, head_dim +
+    /// 4]`` bytes (each block: every token's e4m3 codes, then every fp32
+    /// scale), zero-copy as ``layer_buffer``: a numpy view on the host, a
+    /// ``LayerBuffer`` on a GPU. Raises ``ValueError`` without an indexer.
+    fn indexer_buffer<'py>(
+        slf: &Bound<'py, Self>,
+        #[pyo3(from_py_with = ints::size)] layer: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let view = slf.get().store.indexer_view(layer).map_err(errors::to_py)?;
+        buffer(slf, view.into(), layer)
+    }
+
+    /// The indexer keys of ``layer`` as a ``LayerBuffer`` (DLPack export and
+    /// raw pointer), on any device.
+    fn indexer_view(
+        &self,
+        #[pyo3(from_py_with = ints::size)] layer: usize,
+    ) -> PyResult<LayerBuffer> {
+        let view = self.store.indexer_view(layer).map_err(errors::to_py)?;
+        Ok(LayerBuffer::new(
+            Arc::clone(&self.store),
+            view.into(),
+            layer,
+        ))
     }
 
     /// The memory of ``layer`` as a ``LayerBuffer`` (DLPack export and raw
     /// pointer), on any device.
     fn layer_view(&self, #[pyo3(from_py_with = ints::size)] layer: usize) -> PyResult<LayerBuffer> {
         let view = self.store.layer_view(layer).map_err(errors::to_py)?;
-        Ok(LayerBuffer::new(Arc::clone(&self.store), view, layer))
+        Ok(LayerBuffer::new(
+            Arc::clone(&self.store),
+            view.into(),
+            layer,
+        ))
     }
 
     /// Address of the first byte of ``layer`` (host or device memory).
@@ -419,4 +587,26 @@ impl LatentStore {
             c.total_bytes()
         )
     }
+}
+
+/// `view` of `store` as a writable numpy ``uint8`` array for a host store
+/// (no copy; it keeps the store alive), a ``LayerBuffer`` for a GPU store.
+fn buffer<'py>(
+    store: &Bound<'py, LatentStore>,
+    view: BufferView,
+    layer: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    if view.device != Device::Host {
+        let owner = Arc::clone(&store.get().store);
+        return Ok(Bound::new(store.py(), LayerBuffer::new(owner, view, layer))?.into_any());
+    }
+    let [blocks, tokens, bytes] = view.shape;
+    // SAFETY: the view is `blocks * tokens * bytes` contiguous bytes owned by
+    // the store, which the array's base object (`store`) keeps alive; the
+    // store never reallocates it.
+    let array = unsafe {
+        let data = ArrayView3::from_shape_ptr((blocks, tokens, bytes), view.addr as *const u8);
+        PyArray3::<u8>::borrow_from_array(&data, store.clone().into_any())
+    };
+    Ok(array.into_any())
 }

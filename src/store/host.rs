@@ -2,24 +2,28 @@
 //! mapping, optionally on huge pages.
 //!
 //! ```text
-//! mapping: | layer 0 | pad | layer 1 | pad | ... |     (each layer page-aligned)
+//! mapping: | layer 0 | pad | ... | layer L-1 | pad | indexer 0 | pad | ... |
+//!          (each part page-aligned; indexer parts only with an indexer)
 //! layer:   | block 0 | block 1 | ... |               (block = block_size tokens)
 //! block:   | token 0 | token 1 | ... |               (token = bytes_per_token)
+//! indexer: | block 0 | block 1 | ... |               (codes of every token, then scales)
 //! ```
 //!
 //! One reader-writer lock per layer orders writes, gathers and block copies
-//! on that layer; [`LatentStore::layer_view`] hands out the raw address,
-//! which bypasses the locks.
+//! on that layer's latent and indexer parts; [`LatentStore::layer_view`] and
+//! [`LatentStore::indexer_view`] hand out raw addresses, which bypass the
+//! locks.
 
 use crate::sync::RwLock;
 use half::bf16;
 
 use super::{
-    check_block, check_block_io, check_copy_pairs, check_gather_args, check_layer,
-    check_write_args, layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream,
-    VectorDesc,
+    check_block, check_block_io, check_copy_pairs, check_gather_args, check_indexer,
+    check_indexer_gather_args, check_indexer_quantized_args, check_indexer_write_args, check_layer,
+    check_write_args, indexer_codec, indexer_view_at, layer_view_at, BlockParts, Device,
+    IndexerView, LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
 };
-use crate::codec::{Codec, Decoded, Values};
+use crate::codec::{Codec, Decoded, IndexerCodec, Values};
 use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::BlockId;
@@ -53,6 +57,12 @@ pub struct HostStore {
     layer_stride: usize,
     /// Bytes of one layer's latents.
     layer_bytes: usize,
+    /// The indexer keys' codec, with an indexer.
+    indexer: Option<IndexerCodec>,
+    /// Bytes from one layer's indexer part to the next (page-aligned).
+    indexer_stride: usize,
+    /// Bytes of one layer's indexer keys.
+    indexer_bytes: usize,
     layers: Vec<RwLock<()>>,
 }
 
@@ -81,12 +91,20 @@ impl HostStore {
             .num_tokens()
             .checked_mul(codec.bytes_per_token())
             .ok_or_else(too_big)?;
+        let indexer = indexer_codec(config)?;
+        let indexer_bytes = config
+            .num_tokens()
+            .checked_mul(config.indexer_bytes_per_token_per_layer())
+            .ok_or_else(too_big)?;
         let page = page_size();
         let layer_stride = layer_bytes
             .checked_next_multiple_of(page)
             .ok_or_else(too_big)?;
-        let total = layer_stride
-            .checked_mul(config.num_layers)
+        let indexer_stride = indexer_bytes
+            .checked_next_multiple_of(page)
+            .ok_or_else(too_big)?;
+        let total = (layer_stride.checked_add(indexer_stride))
+            .and_then(|per_layer| per_layer.checked_mul(config.num_layers))
             .filter(|&t| t <= isize::MAX as usize)
             .ok_or_else(too_big)?;
         let memory = Mapping::new(total, options.huge_pages)?;
@@ -96,6 +114,9 @@ impl HostStore {
             memory,
             layer_stride,
             layer_bytes,
+            indexer,
+            indexer_stride,
+            indexer_bytes,
             layers: (0..config.num_layers).map(|_| RwLock::new(())).collect(),
         })
     }
@@ -215,37 +236,164 @@ impl HostStore {
         Ok(f(unsafe { self.layer_slice(layer) }))
     }
 
-    /// Bytes of one block in all layers (`num_layers x block_size x bytes_per_token`).
+    /// Bytes of one block in all layers: every layer's latents, then every
+    /// layer's indexer keys (`num_layers x block_size x bytes_per_token`).
     pub fn block_bytes(&self) -> usize {
-        self.config.num_layers * self.config.block_size * self.codec.bytes_per_token()
+        BlockParts::of(&self.config).block_bytes(self.config.num_layers)
     }
 
     /// Copies block `block` of every layer, in stored format, into `out`
-    /// (`block_bytes()` bytes, layer after layer).
+    /// (`block_bytes()` bytes: the latent part layer after layer, then the
+    /// indexer part layer after layer).
     pub fn read_block(&self, block: BlockId, out: &mut [u8]) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
-        let start = block as usize * per_layer;
-        for (layer, chunk) in out.chunks_exact_mut(per_layer).enumerate() {
+        let parts = check_block_io(&self.config, block, out.len())?;
+        let (latents, keys) = out.split_at_mut(self.config.num_layers * parts.latent);
+        let b = block as usize;
+        for layer in 0..self.config.num_layers {
             let _guard = self.layers[layer].read();
             // SAFETY: the layer's read lock is held until the end of the scope.
-            let memory = unsafe { self.layer_slice(layer) };
-            chunk.copy_from_slice(&memory[start..start + per_layer]);
+            let (memory, indexer) = unsafe { (self.layer_slice(layer), self.indexer_slice(layer)) };
+            latents[layer * parts.latent..(layer + 1) * parts.latent]
+                .copy_from_slice(&memory[b * parts.latent..(b + 1) * parts.latent]);
+            keys[layer * parts.indexer..(layer + 1) * parts.indexer]
+                .copy_from_slice(&indexer[b * parts.indexer..(b + 1) * parts.indexer]);
         }
         Ok(())
     }
 
     /// Overwrites block `block` of every layer with `data`, in stored format
-    /// (`block_bytes()` bytes, layer after layer), as [`HostStore::read_block`] gives them.
+    /// (`block_bytes()` bytes), as [`HostStore::read_block`] gives them.
     pub fn write_block(&self, block: BlockId, data: &[u8]) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
-        let start = block as usize * per_layer;
-        for (layer, chunk) in data.chunks_exact(per_layer).enumerate() {
+        let parts = check_block_io(&self.config, block, data.len())?;
+        let (latents, keys) = data.split_at(self.config.num_layers * parts.latent);
+        let b = block as usize;
+        for layer in 0..self.config.num_layers {
             let _guard = self.layers[layer].write();
             // SAFETY: the layer's write lock is held until the end of the scope.
-            let memory = unsafe { self.layer_slice_mut(layer) };
-            memory[start..start + per_layer].copy_from_slice(chunk);
+            let (memory, indexer) =
+                unsafe { (self.layer_slice_mut(layer), self.indexer_slice_mut(layer)) };
+            memory[b * parts.latent..(b + 1) * parts.latent]
+                .copy_from_slice(&latents[layer * parts.latent..(layer + 1) * parts.latent]);
+            indexer[b * parts.indexer..(b + 1) * parts.indexer]
+                .copy_from_slice(&keys[layer * parts.indexer..(layer + 1) * parts.indexer]);
         }
         Ok(())
+    }
+
+    /// Quantizes and stores `T = slot_mapping.len()` indexer keys (`keys` is
+    /// `[T, head_dim]`, row-major); negative slots are skipped. See
+    /// [`LatentStore::write_indexer_raw`].
+    pub fn write_indexer<'a>(
+        &self,
+        layer: usize,
+        keys: impl Into<Values<'a>>,
+        slot_mapping: &[i64],
+    ) -> Result<()> {
+        let head_dim = check_indexer(&self.config)?.head_dim;
+        let keys = matrix_of(keys.into(), "keys", slot_mapping.len(), head_dim)?;
+        // SAFETY: as in `write`: borrowed slices that cannot alias the store.
+        unsafe {
+            self.write_indexer_raw(
+                layer,
+                keys,
+                VectorDesc::from_slice(slot_mapping),
+                Stream::default(),
+            )
+        }
+    }
+
+    /// Dequantizes the indexer keys of the first `out.len() / head_dim`
+    /// tokens of a sequence with `block_table` into `out` (f32 or bf16).
+    pub fn gather_indexer_into<O: Decoded>(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        out: &mut [O],
+    ) -> Result<()> {
+        let head_dim = check_indexer(&self.config)?.head_dim;
+        if out.len() % head_dim != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "out: {} values is not a whole number of {head_dim}-value keys",
+                out.len()
+            )));
+        }
+        let out = MatrixDesc::contiguous(
+            out.as_mut_ptr() as usize,
+            O::TYPE,
+            out.len() / head_dim,
+            head_dim,
+        );
+        // SAFETY: as in `gather_into`.
+        unsafe {
+            self.gather_indexer_raw(
+                layer,
+                VectorDesc::from_slice(block_table),
+                out,
+                Stream::default(),
+            )
+        }
+    }
+
+    /// Copies the stored codes (`scales.len() x head_dim` bytes) and scales
+    /// of the first `scales.len()` tokens' indexer keys. See
+    /// [`LatentStore::gather_indexer_quantized_raw`].
+    pub fn gather_indexer_quantized(
+        &self,
+        layer: usize,
+        block_table: &[BlockId],
+        codes: &mut [u8],
+        scales: &mut [f32],
+    ) -> Result<()> {
+        // SAFETY: exclusive borrows alive for the call, unaliased with the store.
+        unsafe {
+            self.gather_indexer_quantized_raw(
+                layer,
+                VectorDesc::from_slice(block_table),
+                VectorDesc::new(codes.as_mut_ptr() as usize, codes.len()),
+                VectorDesc::new(scales.as_mut_ptr() as usize, scales.len()),
+                Stream::default(),
+            )
+        }
+    }
+
+    /// Runs `f` on the indexer bytes of `layer` (`[num_blocks][block_size x
+    /// (head_dim + 4)]`) while holding the layer's read lock.
+    pub fn with_indexer_bytes<R>(&self, layer: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        let _guard = self.layers[layer].read();
+        // SAFETY: the read lock keeps writers out while the slice lives.
+        Ok(f(unsafe { self.indexer_slice(layer) }))
+    }
+
+    /// Address of `layer`'s indexer part (`layer < num_layers`).
+    fn indexer_addr(&self, layer: usize) -> *mut u8 {
+        // SAFETY: the indexer parts follow the latent layers inside the mapping.
+        unsafe {
+            self.memory
+                .ptr
+                .add(self.config.num_layers * self.layer_stride + layer * self.indexer_stride)
+        }
+    }
+
+    /// The indexer bytes of `layer` (empty without an indexer).
+    ///
+    /// # Safety
+    /// As for [`HostStore::layer_slice`].
+    unsafe fn indexer_slice(&self, layer: usize) -> &[u8] {
+        // SAFETY: the part lies inside the mapping; the lock orders access.
+        unsafe { std::slice::from_raw_parts(self.indexer_addr(layer), self.indexer_bytes) }
+    }
+
+    /// The indexer bytes of `layer`, mutable.
+    ///
+    /// # Safety
+    /// As for [`HostStore::layer_slice_mut`].
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn indexer_slice_mut(&self, layer: usize) -> &mut [u8] {
+        // SAFETY: the part lies inside the mapping; the write lock makes the
+        // access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.indexer_addr(layer), self.indexer_bytes) }
     }
 
     /// The bytes of `layer`.
@@ -319,22 +467,8 @@ impl LatentStore for HostStore {
         _stream: Stream,
     ) -> Result<()> {
         check_write_args(&self.config, layer, &c_kv, &k_pe, &slot_mapping)?;
-        let slots: &[i64] = if slot_mapping.len == 0 {
-            &[]
-        } else {
-            // SAFETY: checked non-null and aligned; readable per the contract.
-            unsafe { std::slice::from_raw_parts(slot_mapping.addr as *const i64, slot_mapping.len) }
-        };
-        let capacity = self.config.num_tokens();
-        if let Some((t, &slot)) = slots
-            .iter()
-            .enumerate()
-            .find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "slot_mapping[{t}] = {slot} out of range (num_blocks x block_size = {capacity})"
-            )));
-        }
+        // SAFETY: checked; readable per the contract.
+        let slots = unsafe { self.checked_slots(&slot_mapping) }?;
         let bpt = self.codec.bytes_per_token();
         let _guard = self.layers[layer].write();
         // SAFETY: the layer's write lock is held until the end of the scope.
@@ -377,13 +511,8 @@ impl LatentStore for HostStore {
         if out.rows == 0 {
             return Ok(());
         }
-        // SAFETY: checked non-null and aligned, `blocks <= len`; readable per
-        // the contract.
-        let table =
-            unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
-        for &block in table {
-            check_block(&self.config, block)?;
-        }
+        // SAFETY: checked; readable per the contract.
+        let table = unsafe { self.checked_table(&block_table, blocks) }?;
         match out.elem {
             crate::codec::ElemType::F32 => {
                 // SAFETY: forwarded; `out` holds f32.
@@ -400,15 +529,21 @@ impl LatentStore for HostStore {
 
     fn copy_blocks(&self, pairs: &[(BlockId, BlockId)], _stream: Stream) -> Result<()> {
         check_copy_pairs(&self.config, pairs)?;
-        let block_bytes = self.config.block_size * self.codec.bytes_per_token();
+        let parts = BlockParts::of(&self.config);
         for layer in 0..self.config.num_layers {
             let _guard = self.layers[layer].write();
             // SAFETY: the layer's write lock is held until the end of the scope.
-            let memory = unsafe { self.layer_slice_mut(layer) };
+            let (memory, indexer) =
+                unsafe { (self.layer_slice_mut(layer), self.indexer_slice_mut(layer)) };
             for &(src, dst) in pairs {
+                let (src, dst) = (src as usize, dst as usize);
                 memory.copy_within(
-                    src as usize * block_bytes..(src as usize + 1) * block_bytes,
-                    dst as usize * block_bytes,
+                    src * parts.latent..(src + 1) * parts.latent,
+                    dst * parts.latent,
+                );
+                indexer.copy_within(
+                    src * parts.indexer..(src + 1) * parts.indexer,
+                    dst * parts.indexer,
                 );
             }
         }
@@ -420,9 +555,193 @@ impl LatentStore for HostStore {
         let addr = self.memory.ptr as usize + layer * self.layer_stride;
         Ok(layer_view_at(&self.config, &self.codec, Device::Host, addr))
     }
+
+    unsafe fn write_indexer_raw(
+        &self,
+        layer: usize,
+        keys: MatrixDesc,
+        slot_mapping: VectorDesc<i64>,
+        _stream: Stream,
+    ) -> Result<()> {
+        check_indexer_write_args(&self.config, layer, &keys, &slot_mapping)?;
+        // SAFETY: checked; readable per the contract.
+        let slots = unsafe { self.checked_slots(&slot_mapping) }?;
+        let Some(codec) = self.indexer else {
+            return Ok(()); // Unreachable: the args check needs an indexer.
+        };
+        let block_bytes = codec.block_bytes();
+        let mut wide = vec![0f32; codec.head_dim()];
+        let _guard = self.layers[layer].write();
+        // SAFETY: the layer's write lock is held until the end of the scope.
+        let indexer = unsafe { self.indexer_slice_mut(layer) };
+        for (t, &slot) in slots.iter().enumerate() {
+            if slot < 0 {
+                continue;
+            }
+            // SAFETY: row `t` lies within the checked extent of `keys`.
+            let key = unsafe {
+                Values::from_raw(
+                    keys.elem,
+                    (keys.addr + t * keys.row_stride) as *const u8,
+                    keys.cols,
+                )
+            };
+            let (block, offset) = (
+                slot as usize / codec.block_size(),
+                slot as usize % codec.block_size(),
+            );
+            let block = &mut indexer[block * block_bytes..(block + 1) * block_bytes];
+            codec.encode_unchecked(key, block, offset, &mut wide);
+        }
+        Ok(())
+    }
+
+    unsafe fn gather_indexer_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        _stream: Stream,
+    ) -> Result<()> {
+        let blocks = check_indexer_gather_args(&self.config, layer, &block_table, &out)?;
+        // SAFETY: checked; readable per the contract.
+        let table = unsafe { self.checked_table(&block_table, blocks) }?;
+        let Some(codec) = self.indexer else {
+            return Ok(()); // Unreachable: the args check needs an indexer.
+        };
+        let _guard = self.layers[layer].read();
+        // SAFETY: the layer's read lock is held until the end of the scope.
+        let indexer = unsafe { self.indexer_slice(layer) };
+        for t in 0..out.rows {
+            let block = indexer_block(indexer, &codec, table[t / codec.block_size()]);
+            let addr = out.addr + t * out.row_stride;
+            // SAFETY: row `t` lies within the checked extent of `out`, which
+            // holds the element type matched here.
+            unsafe {
+                match out.elem {
+                    crate::codec::ElemType::F32 => codec.decode_unchecked(
+                        block,
+                        t % codec.block_size(),
+                        std::slice::from_raw_parts_mut(addr as *mut f32, out.cols),
+                    ),
+                    _ => codec.decode_unchecked(
+                        block,
+                        t % codec.block_size(),
+                        std::slice::from_raw_parts_mut(addr as *mut bf16, out.cols),
+                    ),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn gather_indexer_quantized_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        codes: VectorDesc<u8>,
+        scales: VectorDesc<f32>,
+        _stream: Stream,
+    ) -> Result<()> {
+        let blocks =
+            check_indexer_quantized_args(&self.config, layer, &block_table, &codes, &scales)?;
+        // SAFETY: checked; readable per the contract.
+        let table = unsafe { self.checked_table(&block_table, blocks) }?;
+        let Some(codec) = self.indexer else {
+            return Ok(()); // Unreachable: the args check needs an indexer.
+        };
+        if scales.len == 0 {
+            return Ok(());
+        }
+        // SAFETY: checked non-null, aligned and in range; writable and
+        // unaliased per the contract.
+        let (codes_out, scales_out) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(codes.addr as *mut u8, codes.len),
+                std::slice::from_raw_parts_mut(scales.addr as *mut f32, scales.len),
+            )
+        };
+        let (hd, bs) = (codec.head_dim(), codec.block_size());
+        let _guard = self.layers[layer].read();
+        // SAFETY: the layer's read lock is held until the end of the scope.
+        let indexer = unsafe { self.indexer_slice(layer) };
+        for (t, scale) in scales_out.iter_mut().enumerate() {
+            let block = indexer_block(indexer, &codec, table[t / bs]);
+            let at = codec.codes_offset(t % bs);
+            codes_out[t * hd..(t + 1) * hd].copy_from_slice(&block[at..at + hd]);
+            let at = codec.scale_offset(t % bs);
+            *scale = f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+        }
+        Ok(())
+    }
+
+    fn indexer_view(&self, layer: usize) -> Result<IndexerView> {
+        let indexer = check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        Ok(indexer_view_at(
+            &self.config,
+            indexer,
+            Device::Host,
+            self.indexer_addr(layer) as usize,
+        ))
+    }
+}
+
+/// Block `block` of a layer's indexer part (the id was checked).
+fn indexer_block<'a>(indexer: &'a [u8], codec: &IndexerCodec, block: BlockId) -> &'a [u8] {
+    let bytes = codec.block_bytes();
+    &indexer[block as usize * bytes..(block as usize + 1) * bytes]
 }
 
 impl HostStore {
+    /// The slots of a checked `slot_mapping`, each negative or in range.
+    ///
+    /// # Safety
+    /// `slot_mapping` passed `VectorDesc::check` and is readable for the
+    /// returned slice's lifetime.
+    unsafe fn checked_slots<'a>(&self, slot_mapping: &VectorDesc<i64>) -> Result<&'a [i64]> {
+        let slots: &[i64] = if slot_mapping.len == 0 {
+            &[]
+        } else {
+            // SAFETY: checked non-null and aligned; readable per the contract.
+            unsafe { std::slice::from_raw_parts(slot_mapping.addr as *const i64, slot_mapping.len) }
+        };
+        let capacity = self.config.num_tokens();
+        if let Some((t, &slot)) = slots
+            .iter()
+            .enumerate()
+            .find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "slot_mapping[{t}] = {slot} out of range (num_blocks x block_size = {capacity})"
+            )));
+        }
+        Ok(slots)
+    }
+
+    /// The first `blocks` entries of a checked `block_table`, each a valid id.
+    ///
+    /// # Safety
+    /// `block_table` passed `VectorDesc::check`, has at least `blocks`
+    /// entries and is readable for the returned slice's lifetime.
+    unsafe fn checked_table<'a>(
+        &self,
+        block_table: &VectorDesc<BlockId>,
+        blocks: usize,
+    ) -> Result<&'a [BlockId]> {
+        if blocks == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: checked non-null and aligned, `blocks <= len`; readable per
+        // the contract.
+        let table =
+            unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
+        for &block in table {
+            check_block(&self.config, block)?;
+        }
+        Ok(table)
+    }
+
     /// Decodes `out.rows` tokens through a checked block table.
     ///
     /// # Safety

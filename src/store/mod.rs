@@ -1,7 +1,10 @@
 //! Latent stores: the cached latents of every layer, on host or GPU memory.
 //!
 //! A store holds, per layer, `[num_blocks][block_size][bytes_per_token]`
-//! bytes in one of the [`Dtype`] formats (see [`crate::codec`]).
+//! bytes in one of the [`Dtype`] formats (see [`crate::codec`]), and, when
+//! the configuration has an indexer (DeepSeek-V3.2), per layer
+//! `[num_blocks][block_size x (head_dim + 4)]` bytes of indexer keys under
+//! the same block ids ([`crate::codec::indexer_fp8`]).
 //! Slot `s` of a layer is token `s % block_size` of block `s / block_size`.
 //! Every backend implements [`LatentStore`], whose operations take raw
 //! tensor descriptors ([`MatrixDesc`], [`VectorDesc`]) so that device
@@ -22,8 +25,8 @@ pub use host::{HostStore, HostStoreOptions, PageKind};
 
 use std::marker::PhantomData;
 
-use crate::codec::{Codec, ElemType, TokenLayout};
-use crate::config::{CacheConfig, Dtype};
+use crate::codec::{Codec, ElemType, IndexerCodec, TokenLayout};
+use crate::config::{CacheConfig, Dtype, IndexerGeometry};
 use crate::error::{Error, Result};
 use crate::BlockId;
 
@@ -211,6 +214,33 @@ impl LayerView {
     }
 }
 
+/// The raw memory of one layer's indexer keys, for the indexer's kernels
+/// (vLLM's `DeepseekV32IndexerCache` reads `[num_blocks, block_size,
+/// head_dim + 4]` bytes, each block all codes first, then all scales).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerView {
+    /// Address of the layer's first indexer byte in the store's memory
+    /// space; valid while the store lives.
+    pub addr: usize,
+    /// Where the memory is.
+    pub device: Device,
+    /// Values per key.
+    pub head_dim: usize,
+    /// `[num_blocks, block_size, head_dim + 4]`, in bytes.
+    pub shape: [usize; 3],
+    /// Strides of `shape` in bytes: `[block_size * (head_dim + 4), head_dim + 4, 1]`.
+    /// Within a block the bytes are not per token: codes of every token
+    /// first, then every scale.
+    pub strides: [usize; 3],
+}
+
+impl IndexerView {
+    /// Bytes of the layer's indexer keys.
+    pub fn len_bytes(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
 /// Storage for the latents of all layers, one implementation per memory
 /// kind. Handles are `Send + Sync`: concurrent calls are sound (a backend
 /// orders operations on the same layer; GPU backends by their streams).
@@ -269,6 +299,145 @@ pub trait LatentStore: Send + Sync {
 
     /// The raw memory of `layer`.
     fn layer_view(&self, layer: usize) -> Result<LayerView>;
+
+    /// Quantizes and stores indexer keys (vLLM's `indexer_k_quant_and_cache`):
+    /// row `t` of `keys` (`[T, head_dim]`, bf16, f16 or f32) goes to slot
+    /// `slot_mapping[t]` of `layer`'s indexer part; negative slots are
+    /// skipped. Fails unless the configuration has an indexer.
+    ///
+    /// # Safety
+    /// As for [`LatentStore::write_raw`].
+    unsafe fn write_indexer_raw(
+        &self,
+        layer: usize,
+        keys: MatrixDesc,
+        slot_mapping: VectorDesc<i64>,
+        stream: Stream,
+    ) -> Result<()>;
+
+    /// Dequantizes the indexer keys of the first `out.rows` tokens of a
+    /// sequence into `out` (`[num_tokens, head_dim]`, bf16 or f32), through
+    /// `block_table` as [`LatentStore::gather_raw`] does.
+    ///
+    /// # Safety
+    /// As for [`LatentStore::gather_raw`].
+    unsafe fn gather_indexer_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        stream: Stream,
+    ) -> Result<()>;
+
+    /// Copies the stored indexer keys of the first `scales.len` tokens of a
+    /// sequence, without dequantizing: token `t`'s e4m3 codes to
+    /// `codes[t * head_dim ..]` and its fp32 scale to `scales[t]` (vLLM's
+    /// `cp_gather_indexer_k_quant_cache`).
+    ///
+    /// # Safety
+    /// As for [`LatentStore::gather_raw`], for `block_table`, `codes` and
+    /// `scales`.
+    unsafe fn gather_indexer_quantized_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        codes: VectorDesc<u8>,
+        scales: VectorDesc<f32>,
+        stream: Stream,
+    ) -> Result<()>;
+
+    /// The raw memory of `layer`'s indexer keys; fails unless the
+    /// configuration has an indexer.
+    fn indexer_view(&self, layer: usize) -> Result<IndexerView>;
+}
+
+/// The indexer geometry of `config`, or the error an indexer operation on a
+/// store without one returns.
+pub(crate) fn check_indexer(config: &CacheConfig) -> Result<IndexerGeometry> {
+    config.indexer.ok_or_else(|| {
+        Error::InvalidArgument(
+            "this store has no indexer keys (the configuration has no indexer)".into(),
+        )
+    })
+}
+
+/// The indexer codec of `config`, if it has an indexer.
+pub(crate) fn indexer_codec(config: &CacheConfig) -> Result<Option<IndexerCodec>> {
+    config
+        .indexer
+        .map(|g| IndexerCodec::new(g, config.block_size))
+        .transpose()
+}
+
+/// Checks the arguments of an indexer write that the backend can see
+/// without reading memory.
+pub(crate) fn check_indexer_write_args(
+    config: &CacheConfig,
+    layer: usize,
+    keys: &MatrixDesc,
+    slot_mapping: &VectorDesc<i64>,
+) -> Result<()> {
+    let indexer = check_indexer(config)?;
+    check_layer(config, layer)?;
+    slot_mapping.check("slot_mapping")?;
+    keys.check("keys", slot_mapping.len, indexer.head_dim, &ElemType::ALL)
+}
+
+/// Checks the arguments of a dequantizing indexer gather; returns the number
+/// of block-table entries it reads.
+pub(crate) fn check_indexer_gather_args(
+    config: &CacheConfig,
+    layer: usize,
+    block_table: &VectorDesc<BlockId>,
+    out: &MatrixDesc,
+) -> Result<usize> {
+    let indexer = check_indexer(config)?;
+    check_layer(config, layer)?;
+    block_table.check("block_table")?;
+    out.check("out", out.rows, indexer.head_dim, &GATHER_OUTPUTS)?;
+    check_table_covers(config, block_table, out.rows)
+}
+
+/// Checks the arguments of a quantized indexer gather; returns the number of
+/// block-table entries it reads.
+pub(crate) fn check_indexer_quantized_args(
+    config: &CacheConfig,
+    layer: usize,
+    block_table: &VectorDesc<BlockId>,
+    codes: &VectorDesc<u8>,
+    scales: &VectorDesc<f32>,
+) -> Result<usize> {
+    let indexer = check_indexer(config)?;
+    check_layer(config, layer)?;
+    block_table.check("block_table")?;
+    codes.check("codes")?;
+    scales.check("scales")?;
+    if Some(codes.len) != scales.len.checked_mul(indexer.head_dim) {
+        return Err(Error::InvalidArgument(format!(
+            "codes: {} bytes, {} tokens of {} codes need {}",
+            codes.len,
+            scales.len,
+            indexer.head_dim,
+            scales.len.saturating_mul(indexer.head_dim)
+        )));
+    }
+    check_table_covers(config, block_table, scales.len)
+}
+
+/// Checks that `block_table` covers `tokens` tokens; returns the entries read.
+fn check_table_covers(
+    config: &CacheConfig,
+    block_table: &VectorDesc<BlockId>,
+    tokens: usize,
+) -> Result<usize> {
+    let blocks = tokens.div_ceil(config.block_size);
+    if block_table.len < blocks {
+        return Err(Error::InvalidArgument(format!(
+            "block_table has {} entries, {tokens} tokens need {blocks}",
+            block_table.len
+        )));
+    }
+    Ok(blocks)
 }
 
 /// Checks `layer < num_layers`.
@@ -318,14 +487,7 @@ pub(crate) fn check_gather_args(
         config.elements_per_token(),
         &GATHER_OUTPUTS,
     )?;
-    let blocks = out.rows.div_ceil(config.block_size);
-    if block_table.len < blocks {
-        return Err(Error::InvalidArgument(format!(
-            "block_table has {} entries, {} tokens need {blocks}",
-            block_table.len, out.rows
-        )));
-    }
-    Ok(blocks)
+    check_table_covers(config, block_table, out.rows)
 }
 
 /// Checks a block id against `num_blocks`.
@@ -337,23 +499,48 @@ pub(crate) fn check_block(config: &CacheConfig, block: BlockId) -> Result<()> {
     }
 }
 
+/// The bytes of one block in one layer: its latent part and its indexer
+/// part (0 without an indexer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockParts {
+    /// Bytes of the block's latents in one layer.
+    pub latent: usize,
+    /// Bytes of the block's indexer keys in one layer.
+    pub indexer: usize,
+}
+
+impl BlockParts {
+    /// The parts of `config`'s blocks (valid config).
+    pub(crate) fn of(config: &CacheConfig) -> Self {
+        Self {
+            latent: config.block_size * config.latent_bytes_per_token_per_layer(),
+            indexer: config.block_size * config.indexer_bytes_per_token_per_layer(),
+        }
+    }
+
+    /// Bytes of one block in all layers: every layer's latent part, then
+    /// every layer's indexer part (the unit the tiers keep).
+    pub(crate) fn block_bytes(&self, num_layers: usize) -> usize {
+        num_layers * (self.latent + self.indexer)
+    }
+}
+
 /// Checks a copy of one whole block (all layers, `len` bytes) in or out of
 /// a store; returns the block's bytes per layer.
 pub(crate) fn check_block_io(
     config: &CacheConfig,
-    codec: &Codec,
     block: BlockId,
     len: usize,
-) -> Result<usize> {
+) -> Result<BlockParts> {
     check_block(config, block)?;
-    let per_layer = config.block_size * codec.bytes_per_token();
-    if len != config.num_layers * per_layer {
+    let parts = BlockParts::of(config);
+    let expected = parts.block_bytes(config.num_layers);
+    if len != expected {
         return Err(Error::InvalidArgument(format!(
-            "a block of all layers is {} bytes, got {len}",
-            config.num_layers * per_layer
+            "a block of all layers is {expected} bytes, got {len}"
         )));
     }
-    Ok(per_layer)
+    Ok(parts)
 }
 
 /// Checks `copy_blocks` pairs: ids in range, distinct destinations, no
@@ -382,6 +569,23 @@ pub(crate) fn check_copy_pairs(config: &CacheConfig, pairs: &[(BlockId, BlockId)
         )));
     }
     Ok(())
+}
+
+/// The indexer view of a store whose `layer`'s indexer part starts at `addr`.
+pub(crate) fn indexer_view_at(
+    config: &CacheConfig,
+    indexer: IndexerGeometry,
+    device: Device,
+    addr: usize,
+) -> IndexerView {
+    let bpt = indexer.bytes_per_token();
+    IndexerView {
+        addr,
+        device,
+        head_dim: indexer.head_dim,
+        shape: [config.num_blocks, config.block_size, bpt],
+        strides: [config.block_size * bpt, bpt, 1],
+    }
 }
 
 /// The view of `layer` of a store whose layer `layer` starts at `addr`.

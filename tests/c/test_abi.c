@@ -1155,6 +1155,98 @@ static void test_tiered_remote(void) {
     OK(mla_config_destroy(config));
 }
 
+/* DeepSeek-V3.2: the indexer keys beside the latent, under the same block ids. */
+static void test_indexer_store(void) {
+    MlaConfig *config = NULL;
+    OK(mla_config_from_preset("deepseek-v3.2", 16, MLA_DTYPE_FP8_DS_MLA, &config));
+    MlaConfigSizes sizes;
+    OK(mla_config_sizes(config, &sizes));
+    CHECK(sizes.bytes_per_token == 48068);
+    CHECK(sizes.bytes_per_token_per_layer == 656 + 132);
+    CHECK(sizes.indexer_bytes_per_token_per_layer == 132);
+    MlaConfigInfo info;
+    OK(mla_config_get(config, &info));
+    CHECK(info.indexer_head_dim == 128 && info.num_layers == 61);
+    MlaModelGeometry g;
+    OK(mla_model_geometry("deepseek-v3.2", &g));
+    CHECK(g.indexer_head_dim == 128);
+    OK(mla_model_geometry("deepseek-v3", &g));
+    CHECK(g.indexer_head_dim == 0);
+    OK(mla_config_set_indexer_head_dim(config, 130));
+    EXPECT(mla_config_validate(config), MLA_STATUS_INVALID_CONFIG);
+    CHECK(LAST_ERROR_HAS("indexer"));
+    OK(mla_config_set_indexer_head_dim(config, 0));
+    OK(mla_config_sizes(config, &sizes));
+    CHECK(sizes.bytes_per_token == 61 * 656 && sizes.indexer_bytes_per_token_per_layer == 0);
+    OK(mla_config_destroy(config));
+
+    enum { H = 128, T = 5, BLOCKS = 8 };
+    config = small_config(BLOCKS);
+    OK(mla_config_set_num_layers(config, 2));
+    OK(mla_config_set_dtype(config, MLA_DTYPE_FP8_DS_MLA));
+    MlaStore *plain = NULL;
+    OK(mla_store_create_host(config, false, &plain));
+    OK(mla_config_set_indexer_head_dim(config, H));
+    MlaStore *store = NULL;
+    OK(mla_store_create_host(config, false, &store));
+    OK(mla_config_destroy(config));
+
+    /* Keys exactly representable with the scale 2^-7 (amax 2). */
+    static float keys[T][H], out[T][H];
+    for (size_t t = 0; t < T; t++) {
+        for (size_t i = 0; i < H; i++) keys[t][i] = (float)((int)((i + t) % 8) - 4) * 0.5f;
+    }
+    MlaBlockId table[2] = {6, 1};
+    int64_t slots[T];
+    for (size_t t = 0; t < T; t++) slots[t] = (int64_t)table[t / BS] * BS + (int64_t)(t % BS);
+    MlaMatrix k = {keys, MLA_ELEM_TYPE_F32, T, H, 0};
+    OK(mla_store_write_indexer(store, 1, &k, slots, T, NULL));
+    MlaMatrix o = {out, MLA_ELEM_TYPE_F32, T, H, 0};
+    OK(mla_store_gather_indexer(store, 1, table, 2, &o, NULL));
+    CHECK(memcmp(out, keys, sizeof keys) == 0);
+
+    static uint8_t codes[T][H];
+    float scales[T];
+    OK(mla_store_gather_indexer_quantized(store, 1, table, 2, &codes[0][0], scales, T, NULL));
+    CHECK(scales[0] == 1.0f / 128.0f && scales[4] == 1.0f / 128.0f);
+    /* -2.0 / 2^-7 = -256 = e4m3 0x80 | (15 << 3) | 0; 0.0 codes as 0. */
+    CHECK(codes[0][0] == 0xF8 && codes[0][4] == 0x00);
+
+    MlaIndexerView view;
+    OK(mla_store_indexer_view(store, 1, &view));
+    CHECK(view.device_kind == MLA_DEVICE_KIND_HOST && view.head_dim == H);
+    CHECK(view.shape[0] == BLOCKS && view.shape[1] == BS && view.shape[2] == H + 4);
+    CHECK(view.strides[0] == BS * (H + 4) && view.len_bytes == (size_t)BLOCKS * BS * (H + 4));
+    /* Block 6: every token's codes first, then every scale. */
+    const uint8_t *block = (const uint8_t *)view.data + 6 * view.strides[0];
+    CHECK(memcmp(block, codes, BS * H) == 0);
+    float scale;
+    memcpy(&scale, block + BS * H + 4 * 3, 4);
+    CHECK(scale == 1.0f / 128.0f);
+
+    /* Copy-on-write moves the keys too. */
+    MlaBlockCopy copy = {6, 3};
+    OK(mla_store_copy_blocks(store, &copy, 1, NULL));
+    MlaBlockId copied[1] = {3};
+    MlaMatrix o4 = {out, MLA_ELEM_TYPE_F32, BS, H, 0};
+    memset(out, 0, sizeof out);
+    OK(mla_store_gather_indexer(store, 1, copied, 1, &o4, NULL));
+    CHECK(memcmp(out, keys, BS * H * sizeof(float)) == 0);
+
+    /* Errors. */
+    EXPECT(mla_store_write_indexer(store, 2, &k, slots, T, NULL), MLA_STATUS_INVALID_ARGUMENT);
+    EXPECT(mla_store_write_indexer(store, 0, NULL, slots, T, NULL), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_store_write_indexer(store, 0, &k, NULL, T, NULL), MLA_STATUS_NULL_POINTER);
+    EXPECT(mla_store_gather_indexer_quantized(store, 1, table, 1, &codes[0][0], scales, T, NULL),
+           MLA_STATUS_INVALID_ARGUMENT);
+    EXPECT(mla_store_write_indexer(plain, 0, &k, slots, T, NULL), MLA_STATUS_INVALID_ARGUMENT);
+    CHECK(LAST_ERROR_HAS("no indexer"));
+    EXPECT(mla_store_indexer_view(plain, 0, &view), MLA_STATUS_INVALID_ARGUMENT);
+    EXPECT(mla_store_indexer_view(store, 0, NULL), MLA_STATUS_NULL_POINTER);
+    OK(mla_store_destroy(store));
+    OK(mla_store_destroy(plain));
+}
+
 int main(void) {
     test_version_and_status();
     test_config();
@@ -1165,6 +1257,7 @@ int main(void) {
     test_reserve_and_evict();
     test_manager_handles();
     test_store();
+    test_indexer_store();
     test_tiered_host();
     test_tiered_events();
     test_tiered_remote();

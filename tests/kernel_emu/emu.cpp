@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 struct Dim3 {
@@ -135,6 +136,47 @@ static const Named KERNELS[] = {
     {"mla_gather_nvfp4_ds_mla_to_f32", nullptr, mla_gather_nvfp4_ds_mla_to_f32},
 };
 
+typedef void (*IndexerWriteFn)(const void*, i64, const i64*, i64, u8*, i64, int, int);
+typedef void (*IndexerGatherFn)(const u8*, const u32*, i64, int, i64, void*, i64, int);
+
+// The indexer-key kernels (names starting with mla_indexer_); 1 for an
+// unknown name.
+static int indexer_launch(const std::string& n, unsigned gx, unsigned gy, unsigned bx, void** p) {
+    static const std::pair<const char*, IndexerWriteFn> writes[] = {
+        {"mla_indexer_write_from_bf16", mla_indexer_write_from_bf16},
+        {"mla_indexer_write_from_f16", mla_indexer_write_from_f16},
+        {"mla_indexer_write_from_f32", mla_indexer_write_from_f32},
+    };
+    static const std::pair<const char*, IndexerGatherFn> gathers[] = {
+        {"mla_indexer_gather_to_bf16", mla_indexer_gather_to_bf16},
+        {"mla_indexer_gather_to_f32", mla_indexer_gather_to_f32},
+    };
+    for (const auto& [name, f] : writes) {
+        if (n != name) continue;
+        run_grid(gx, gy, bx, [&] {
+            f(P<const void*>(p, 0), P<i64>(p, 1), P<const i64*>(p, 2), P<i64>(p, 3), P<u8*>(p, 4), P<i64>(p, 5),
+              P<int>(p, 6), P<int>(p, 7));
+        });
+        return 0;
+    }
+    for (const auto& [name, f] : gathers) {
+        if (n != name) continue;
+        run_grid(gx, gy, bx, [&] {
+            f(P<const u8*>(p, 0), P<const u32*>(p, 1), P<i64>(p, 2), P<int>(p, 3), P<i64>(p, 4), P<void*>(p, 5),
+              P<i64>(p, 6), P<int>(p, 7));
+        });
+        return 0;
+    }
+    if (n == "mla_indexer_gather_quantized") {
+        run_grid(gx, gy, bx, [&] {
+            mla_indexer_gather_quantized(P<const u8*>(p, 0), P<const u32*>(p, 1), P<i64>(p, 2), P<int>(p, 3),
+                                         P<i64>(p, 4), P<u8*>(p, 5), P<float*>(p, 6), P<int>(p, 7));
+        });
+        return 0;
+    }
+    return 1;
+}
+
 // Returns 0 on success, 1 for an unknown kernel name, 2 when the shared
 // memory does not fit.
 extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned bx, unsigned shared_bytes,
@@ -150,6 +192,7 @@ extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned b
         });
         return 0;
     }
+    if (n.rfind("mla_indexer_", 0) == 0) return indexer_launch(n, gx, gy, bx, p);
     for (const Named& k : KERNELS) {
         if (n != k.name) continue;
         if (k.write) {

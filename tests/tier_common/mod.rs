@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use mla_cache::store::{HostStore, LatentStore};
 use mla_cache::tier::{HostTier, RemoteTier, TierOptions, TieredCache, WritePolicy};
-use mla_cache::{AdmitOptions, BlockId, BlockManager, CacheConfig, Dtype, RequestId, TokenId};
+use mla_cache::{
+    AdmitOptions, BlockId, BlockManager, CacheConfig, Dtype, IndexerGeometry, RequestId, TokenId,
+};
 
 pub const BLOCK: usize = 16;
 
@@ -21,6 +23,14 @@ pub fn config(dtype: Dtype, num_blocks: usize) -> CacheConfig {
     }
 }
 
+/// [`config`] with DeepSeek-V3.2's indexer keys beside the latents.
+pub fn config_v32(dtype: Dtype, num_blocks: usize) -> CacheConfig {
+    CacheConfig {
+        indexer: Some(IndexerGeometry::DEEPSEEK_V32),
+        ..config(dtype, num_blocks)
+    }
+}
+
 /// A device tier of `num_blocks` blocks with the given lower tiers.
 pub fn cache(
     dtype: Dtype,
@@ -29,7 +39,16 @@ pub fn cache(
     host_blocks: Option<usize>,
     remote: Option<RemoteTier>,
 ) -> (TieredCache, Arc<HostStore>) {
-    let config = config(dtype, num_blocks);
+    cache_with(config(dtype, num_blocks), policy, host_blocks, remote)
+}
+
+/// A device tier for `config` with the given lower tiers.
+pub fn cache_with(
+    config: CacheConfig,
+    policy: WritePolicy,
+    host_blocks: Option<usize>,
+    remote: Option<RemoteTier>,
+) -> (TieredCache, Arc<HostStore>) {
     let store = Arc::new(HostStore::new(&config).unwrap());
     let host = host_blocks.map(|n| HostTier::new(store.block_bytes(), n).unwrap());
     let manager = BlockManager::new(config).unwrap();
@@ -61,8 +80,19 @@ fn latents(seed: u32, tokens: usize) -> (Vec<f32>, Vec<f32>) {
     (c, k)
 }
 
-/// Writes prompt `seed`'s latents for `tokens` tokens of request `id`
-/// into every layer, as the engine's prefill would.
+/// Deterministic indexer keys for `tokens` tokens of prompt `seed`.
+fn indexer_keys(seed: u32, tokens: usize, head_dim: usize) -> Vec<f32> {
+    (0..tokens * head_dim)
+        .map(|i| {
+            let x = (seed.wrapping_mul(40503) ^ (i as u32).wrapping_mul(2246822519)) % 4001;
+            (x as f32 - 2000.0) / 300.0
+        })
+        .collect()
+}
+
+/// Writes prompt `seed`'s latents (and indexer keys, if the store keeps
+/// them) for `tokens` tokens of request `id` into every layer, as the
+/// engine's prefill would.
 pub fn write_prefill(
     cache: &TieredCache,
     store: &HostStore,
@@ -72,8 +102,15 @@ pub fn write_prefill(
 ) {
     let slots = cache.manager().slot_mapping(id, 0..tokens).unwrap();
     let (c, k) = latents(seed, tokens);
+    let keys = store
+        .config()
+        .indexer
+        .map(|i| indexer_keys(seed, tokens, i.head_dim));
     for layer in 0..store.config().num_layers {
         store.write(layer, &c[..], &k[..], &slots).unwrap();
+        if let Some(keys) = &keys {
+            store.write_indexer(layer, &keys[..], &slots).unwrap();
+        }
     }
 }
 
@@ -105,6 +142,23 @@ pub fn block_bytes(store: &HostStore, blocks: &[BlockId]) -> Vec<Vec<u8>> {
             let mut out = vec![0u8; store.block_bytes()];
             store.read_block(b, &mut out).unwrap();
             out
+        })
+        .collect()
+}
+
+/// The stored indexer codes and scales of `blocks` in every layer.
+pub fn indexer_parts(store: &HostStore, blocks: &[BlockId]) -> Vec<(Vec<u8>, Vec<f32>)> {
+    let c = store.config();
+    let head_dim = c.indexer.expect("an indexer").head_dim;
+    let tokens = blocks.len() * c.block_size;
+    (0..c.num_layers)
+        .map(|layer| {
+            let mut codes = vec![0u8; tokens * head_dim];
+            let mut scales = vec![0f32; tokens];
+            store
+                .gather_indexer_quantized(layer, blocks, &mut codes, &mut scales)
+                .unwrap();
+            (codes, scales)
         })
         .collect()
 }

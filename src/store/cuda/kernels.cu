@@ -572,3 +572,126 @@ extern "C" __global__ void __launch_bounds__(256)
         for (i64 i = threadIdx.x; i < block_bytes; i += blockDim.x) dst[i] = src[i];
     }
 }
+
+// ---------------------------------------------------------------------------
+// Indexer keys (DeepSeek-V3.2): per layer [num_blocks][block_size * (H + 4)]
+// bytes; within a block the H e4m3fn codes of every token come first (token
+// after token), then every token's fp32 scale. H is a multiple of 4. One warp
+// per token; lane l owns the 4-code words l, l + 32, ... of its key.
+
+// Start of the block holding `slot`, and the token's offset in it.
+__device__ __forceinline__ u8* indexer_block(u8* cache, i64 slot, int block_size, int H) {
+    return cache + (slot / block_size) * (i64)block_size * (i64)(H + 4);
+}
+
+// keys [T, H] (row stride keys_stride elements) -> the indexer part of a
+// layer. Scale 2^e with e = ceil(log2(max(amax, 1e-4) / 448)), in -22..=120.
+// Negative slots and slots >= num_slots are skipped.
+template <class In>
+__device__ void indexer_write(const typename In::T* keys, i64 keys_stride, const i64* slots,
+                              i64 num_tokens, u8* cache, i64 num_slots, int block_size, int H) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    i64 slot = slots[t];
+    if (slot < 0 || slot >= num_slots) return;
+    const typename In::T* x = keys + t * keys_stride;
+    u32 amax = 0u;
+    for (int w = lane; w < H / 4; w += 32) {
+        for (int k = 0; k < 4; ++k) {
+            u32 m = finite_mag_bits(In::to_f32(x[4 * w + k]));
+            amax = m > amax ? m : amax;
+        }
+    }
+    amax = warp_max(amax);
+    int e = ceil_log2_pos(__fdiv_rn(fmaxf(bits_f32(amax), 1.0e-4f), 448.0f));
+    float inv = exp2_int(-e);
+    u8* block = indexer_block(cache, slot, block_size, H);
+    int offset = (int)(slot % block_size);
+    u32* codes = (u32*)(block + (i64)offset * H);
+    for (int w = lane; w < H / 4; w += 32) {
+        u32 word = 0;
+        for (int k = 0; k < 4; ++k) word |= f32_to_e4m3(__fmul_rn(In::to_f32(x[4 * w + k]), inv)) << (8 * k);
+        codes[w] = word;
+    }
+    if (lane == 0) ((float*)(block + (i64)block_size * H))[offset] = exp2_int(e);
+}
+
+#define INDEXER_WRITE_KERNEL(NAME, IN)                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
+        NAME(const void* keys, i64 keys_stride, const i64* slots, i64 num_tokens, u8* cache,    \
+             i64 num_slots, int block_size, int H) {                                            \
+        indexer_write<IN>((const IN::T*)keys, keys_stride, slots, num_tokens, cache, num_slots, \
+                          block_size, H);                                                       \
+    }
+
+INDEXER_WRITE_KERNEL(mla_indexer_write_from_bf16, InBf16)
+INDEXER_WRITE_KERNEL(mla_indexer_write_from_f16, InF16)
+INDEXER_WRITE_KERNEL(mla_indexer_write_from_f32, InF32)
+
+// The indexer part of token t of a sequence through a block table, or null
+// for an invalid block id.
+__device__ __forceinline__ const u8* indexer_src(const u8* cache, const u32* block_table, i64 t,
+                                                 int block_size, i64 num_blocks, int H) {
+    u32 block = block_table[t / block_size];
+    if ((i64)block >= num_blocks) return 0;
+    return cache + (i64)block * block_size * (H + 4);
+}
+
+// Dequantizes keys into out [T, H] (row stride out_stride elements); rows
+// whose block id is >= num_blocks are zeroed.
+template <class Out>
+__device__ void indexer_gather(const u8* cache, const u32* block_table, i64 num_tokens,
+                               int block_size, i64 num_blocks, typename Out::T* out,
+                               i64 out_stride, int H) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    typename Out::T* y = out + t * out_stride;
+    const u8* block = indexer_src(cache, block_table, t, block_size, num_blocks, H);
+    if (block == 0) {
+        for (int i = lane; i < H; i += 32) y[i] = (typename Out::T)0;
+        return;
+    }
+    int offset = (int)(t % block_size);
+    const u8* codes = block + (i64)offset * H;
+    float scale = ((const float*)(block + (i64)block_size * H))[offset];
+    for (int i = lane; i < H; i += 32) {
+        u32 c = codes[i];
+        // A NaN code decodes to the NaN 0x7fc00000 whatever the scale.
+        float v = (c & 0x7fu) == 0x7fu ? e4m3_to_f32(c) : __fmul_rn(e4m3_to_f32(c), scale);
+        y[i] = Out::from_f32(v);
+    }
+}
+
+#define INDEXER_GATHER_KERNEL(NAME, OUT)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)                          \
+        NAME(const u8* cache, const u32* block_table, i64 num_tokens, int block_size,           \
+             i64 num_blocks, void* out, i64 out_stride, int H) {                                \
+        indexer_gather<OUT>(cache, block_table, num_tokens, block_size, num_blocks,             \
+                            (OUT::T*)out, out_stride, H);                                       \
+    }
+
+INDEXER_GATHER_KERNEL(mla_indexer_gather_to_bf16, OutBf16)
+INDEXER_GATHER_KERNEL(mla_indexer_gather_to_f32, OutF32)
+
+// Copies stored keys without dequantizing: token t's codes to codes[t * H..]
+// and its scale to scales[t]; zeros for an invalid block id.
+extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
+    mla_indexer_gather_quantized(const u8* cache, const u32* block_table, i64 num_tokens,
+                                 int block_size, i64 num_blocks, u8* codes, float* scales, int H) {
+    int lane = threadIdx.x & 31;
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    if (t >= num_tokens) return;
+    u8* y = codes + t * H;
+    const u8* block = indexer_src(cache, block_table, t, block_size, num_blocks, H);
+    if (block == 0) {
+        for (int i = lane; i < H; i += 32) y[i] = 0;
+        if (lane == 0) scales[t] = 0.0f;
+        return;
+    }
+    int offset = (int)(t % block_size);
+    const u8* src = block + (i64)offset * H;
+    for (int i = lane; i < H; i += 32) y[i] = src[i];
+    if (lane == 0) scales[t] = ((const float*)(block + (i64)block_size * H))[offset];
+}

@@ -51,6 +51,18 @@ pub enum Kernel {
     },
     /// Copies blocks within every layer (any format).
     CopyBlocks,
+    /// Quantizes rows of `input` elements into a layer's indexer keys.
+    IndexerWrite {
+        /// The element type of the keys.
+        input: ElemType,
+    },
+    /// Dequantizes a layer's indexer keys through a block table into `output`.
+    IndexerGather {
+        /// The element type written (bf16 or f32).
+        output: ElemType,
+    },
+    /// Copies a layer's stored indexer codes and scales through a block table.
+    IndexerGatherQuantized,
 }
 
 impl Kernel {
@@ -66,7 +78,20 @@ impl Kernel {
                 .into_iter()
                 .map(move |output| Kernel::Gather { format, output })
         });
-        writes.chain(gathers).chain([Kernel::CopyBlocks]).collect()
+        let indexer = ElemType::ALL
+            .into_iter()
+            .map(|input| Kernel::IndexerWrite { input })
+            .chain(
+                GATHER_OUTPUTS
+                    .into_iter()
+                    .map(|output| Kernel::IndexerGather { output }),
+            )
+            .chain([Kernel::IndexerGatherQuantized]);
+        writes
+            .chain(gathers)
+            .chain([Kernel::CopyBlocks])
+            .chain(indexer)
+            .collect()
     }
 
     /// The function's name in the source (`mla_write_fp8_ds_mla_from_bf16`, ...).
@@ -75,6 +100,9 @@ impl Kernel {
             Kernel::Write { format, input } => format!("mla_write_{format}_from_{input}"),
             Kernel::Gather { format, output } => format!("mla_gather_{format}_to_{output}"),
             Kernel::CopyBlocks => "mla_copy_blocks".to_string(),
+            Kernel::IndexerWrite { input } => format!("mla_indexer_write_from_{input}"),
+            Kernel::IndexerGather { output } => format!("mla_indexer_gather_to_{output}"),
+            Kernel::IndexerGatherQuantized => "mla_indexer_gather_quantized".to_string(),
         }
     }
 }
@@ -180,7 +208,7 @@ mod tests {
     #[test]
     fn every_kernel_is_defined_once_in_the_source() {
         let kernels = Kernel::all();
-        assert_eq!(kernels.len(), 4 * 3 + 4 * 2 + 1);
+        assert_eq!(kernels.len(), 4 * 3 + 4 * 2 + 1 + 3 + 2 + 1);
         for kernel in &kernels {
             let name = kernel.name();
             // Defined by a WRITE_KERNEL/GATHER_KERNEL line or a plain definition.

@@ -8,7 +8,11 @@ use super::kernels::{Kernel, COPY_PAIRS_PER_LAUNCH, WARPS_PER_BLOCK};
 use crate::codec::{Codec, ElemType};
 use crate::config::{CacheConfig, Dtype};
 use crate::error::{Error, Result};
-use crate::store::{check_copy_pairs, check_gather_args, check_write_args, MatrixDesc, VectorDesc};
+use crate::store::{
+    check_copy_pairs, check_gather_args, check_indexer, check_indexer_gather_args,
+    check_indexer_quantized_args, check_indexer_write_args, check_write_args, BlockParts,
+    MatrixDesc, VectorDesc,
+};
 use crate::BlockId;
 
 /// One kernel launch: which kernel, its shape and its arguments, as the
@@ -196,8 +200,46 @@ pub fn copy_blocks_launches(
     pairs: &[(BlockId, BlockId)],
 ) -> Result<Vec<KernelLaunch>> {
     let codec = kernel_codec(config)?;
+    copy_launches(
+        config,
+        base,
+        layer_stride,
+        config.block_size * codec.bytes_per_token(),
+        pairs,
+    )
+}
+
+/// The launches that copy the indexer part of `copy_blocks` pairs over all
+/// layers of a store whose layer `l`'s indexer keys start at `base + l *
+/// layer_stride`; none without an indexer.
+pub fn indexer_copy_blocks_launches(
+    config: &CacheConfig,
+    base: u64,
+    layer_stride: usize,
+    pairs: &[(BlockId, BlockId)],
+) -> Result<Vec<KernelLaunch>> {
+    if config.indexer.is_none() {
+        check_copy_pairs(config, pairs)?;
+        return Ok(Vec::new());
+    }
+    copy_launches(
+        config,
+        base,
+        layer_stride,
+        BlockParts::of(config).indexer,
+        pairs,
+    )
+}
+
+/// `mla_copy_blocks` launches over parts of `block_bytes` bytes per block.
+fn copy_launches(
+    config: &CacheConfig,
+    base: u64,
+    layer_stride: usize,
+    block_bytes: usize,
+    pairs: &[(BlockId, BlockId)],
+) -> Result<Vec<KernelLaunch>> {
     check_copy_pairs(config, pairs)?;
-    let block_bytes = config.block_size * codec.bytes_per_token();
     let layers = u32::try_from(config.num_layers)
         .ok()
         .filter(|&l| l <= 65535)
@@ -231,4 +273,106 @@ pub fn copy_blocks_launches(
             }
         })
         .collect())
+}
+
+/// Checks what the indexer kernels need; returns the key width.
+fn kernel_head_dim(config: &CacheConfig) -> Result<i32> {
+    let indexer = check_indexer(config)?;
+    i32::try_from(indexer.head_dim)
+        .map_err(|_| Error::InvalidConfig("indexer head_dim too large".into()))
+}
+
+/// The launch of an indexer write ([`LatentStore::write_indexer_raw`]) into
+/// the layer whose indexer keys start at `indexer_addr`; `None` without tokens.
+pub fn indexer_write_launch(
+    config: &CacheConfig,
+    indexer_addr: u64,
+    keys: &MatrixDesc,
+    slot_mapping: &VectorDesc<i64>,
+) -> Result<Option<KernelLaunch>> {
+    check_indexer_write_args(config, 0, keys, slot_mapping)?;
+    let head_dim = kernel_head_dim(config)?;
+    let tokens = slot_mapping.len;
+    if tokens == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        kernel: Kernel::IndexerWrite { input: keys.elem },
+        grid: token_grid(tokens)?,
+        block: 32 * WARPS_PER_BLOCK,
+        shared_bytes: 0,
+        args: vec![
+            Arg::U64(keys.addr as u64),
+            Arg::I64((keys.row_stride / keys.elem.size()) as i64),
+            Arg::U64(slot_mapping.addr as u64),
+            Arg::I64(tokens as i64),
+            Arg::U64(indexer_addr),
+            Arg::I64(config.num_tokens() as i64),
+            Arg::I32(config.block_size as i32),
+            Arg::I32(head_dim),
+        ],
+    }))
+}
+
+/// The launch of a dequantizing indexer gather
+/// ([`LatentStore::gather_indexer_raw`]); `None` when `out` has no rows.
+pub fn indexer_gather_launch(
+    config: &CacheConfig,
+    indexer_addr: u64,
+    block_table: &VectorDesc<BlockId>,
+    out: &MatrixDesc,
+) -> Result<Option<KernelLaunch>> {
+    check_indexer_gather_args(config, 0, block_table, out)?;
+    let head_dim = kernel_head_dim(config)?;
+    if out.rows == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        kernel: Kernel::IndexerGather { output: out.elem },
+        grid: token_grid(out.rows)?,
+        block: 32 * WARPS_PER_BLOCK,
+        shared_bytes: 0,
+        args: vec![
+            Arg::U64(indexer_addr),
+            Arg::U64(block_table.addr as u64),
+            Arg::I64(out.rows as i64),
+            Arg::I32(config.block_size as i32),
+            Arg::I64(config.num_blocks as i64),
+            Arg::U64(out.addr as u64),
+            Arg::I64((out.row_stride / out.elem.size()) as i64),
+            Arg::I32(head_dim),
+        ],
+    }))
+}
+
+/// The launch of a quantized indexer gather
+/// ([`LatentStore::gather_indexer_quantized_raw`]); `None` without tokens.
+pub fn indexer_gather_quantized_launch(
+    config: &CacheConfig,
+    indexer_addr: u64,
+    block_table: &VectorDesc<BlockId>,
+    codes: &VectorDesc<u8>,
+    scales: &VectorDesc<f32>,
+) -> Result<Option<KernelLaunch>> {
+    check_indexer_quantized_args(config, 0, block_table, codes, scales)?;
+    let head_dim = kernel_head_dim(config)?;
+    if scales.len == 0 {
+        return Ok(None);
+    }
+    Ok(Some(KernelLaunch {
+        kernel: Kernel::IndexerGatherQuantized,
+        grid: token_grid(scales.len)?,
+        block: 32 * WARPS_PER_BLOCK,
+        shared_bytes: 0,
+        args: vec![
+            Arg::U64(indexer_addr),
+            Arg::U64(block_table.addr as u64),
+            Arg::I64(scales.len as i64),
+            Arg::I32(config.block_size as i32),
+            Arg::I64(config.num_blocks as i64),
+            Arg::U64(codes.addr as u64),
+            Arg::U64(scales.addr as u64),
+            Arg::I32(head_dim),
+        ],
+    }))
 }

@@ -8,22 +8,26 @@ use cudarc::driver::{result as cu, sys};
 
 use super::kernels::{check_device, device_kernels, driver_error, DeviceKernels};
 use super::launch::{
-    copy_blocks_launches, gather_launch, kernel_codec, write_launch, KernelLaunch,
+    copy_blocks_launches, gather_launch, indexer_copy_blocks_launches, indexer_gather_launch,
+    indexer_gather_quantized_launch, indexer_write_launch, kernel_codec, write_launch,
+    KernelLaunch,
 };
 use super::{guard, RawStream};
 use crate::codec::Codec;
 use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::store::{
-    check_block_io, check_layer, layer_view_at, Device, LatentStore, LayerView, MatrixDesc, Stream,
-    VectorDesc,
+    check_block_io, check_indexer, check_layer, indexer_view_at, layer_view_at, BlockParts, Device,
+    IndexerView, LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
 };
 use crate::BlockId;
 
 /// Latent storage for all layers in the memory of one CUDA device.
 ///
 /// One device allocation holds every layer (`[num_blocks][block_size]
-/// [bytes_per_token]` bytes each, 256-byte aligned). Operations take the
+/// [bytes_per_token]` bytes each, 256-byte aligned), then, with an indexer,
+/// every layer's indexer keys (`[num_blocks][block_size x (head_dim + 4)]`
+/// bytes each, 256-byte aligned). Operations take the
 /// caller's stream and return once the work is enqueued; the caller orders
 /// them (by stream) and synchronizes when it needs results. The store is
 /// zeroed at construction.
@@ -39,6 +43,8 @@ pub struct CudaStore {
     kernels: Arc<DeviceKernels>,
     base: sys::CUdeviceptr,
     layer_stride: usize,
+    /// Bytes from one layer's indexer keys to the next (0 without an indexer).
+    indexer_stride: usize,
 }
 
 impl std::fmt::Debug for CudaStore {
@@ -47,7 +53,10 @@ impl std::fmt::Debug for CudaStore {
             .field("config", &self.config)
             .field("device", &self.ordinal)
             .field("arch", &self.kernels.arch)
-            .field("bytes", &(self.layer_stride * self.config.num_layers))
+            .field(
+                "bytes",
+                &((self.layer_stride + self.indexer_stride) * self.config.num_layers),
+            )
             .finish()
     }
 }
@@ -68,8 +77,13 @@ impl CudaStore {
         let layer_stride = layer_bytes
             .checked_next_multiple_of(256)
             .ok_or_else(too_big)?;
-        let total = layer_stride
-            .checked_mul(config.num_layers)
+        let indexer_stride = config
+            .num_tokens()
+            .checked_mul(config.indexer_bytes_per_token_per_layer())
+            .and_then(|b| b.checked_next_multiple_of(256))
+            .ok_or_else(too_big)?;
+        let total = (layer_stride.checked_add(indexer_stride))
+            .and_then(|per_layer| per_layer.checked_mul(config.num_layers))
             .ok_or_else(too_big)?;
         guard("CUDA", || {
             check_device(ordinal)?;
@@ -99,6 +113,7 @@ impl CudaStore {
                 kernels,
                 base,
                 layer_stride,
+                indexer_stride,
             })
         })
     }
@@ -120,35 +135,32 @@ impl CudaStore {
         Ok(self.layer_base(layer))
     }
 
-    /// Bytes of one block in all layers (`num_layers x block_size x bytes_per_token`).
+    /// Bytes of one block in all layers: every layer's latents, then every
+    /// layer's indexer keys.
     pub fn block_bytes(&self) -> usize {
-        self.config.num_layers * self.config.block_size * self.codec.bytes_per_token()
+        BlockParts::of(&self.config).block_bytes(self.config.num_layers)
     }
 
     /// Copies block `block` of every layer, in stored format, into `out`
-    /// (`block_bytes()` bytes, layer after layer, as the host store lays
-    /// them out): device-to-host copies enqueued on `stream`, after the
-    /// work the caller enqueued there, then waited for.
+    /// (`block_bytes()` bytes, laid out as the host store's
+    /// `read_block` gives them): device-to-host copies enqueued on `stream`,
+    /// after the work the caller enqueued there, then waited for.
     pub fn read_block(&self, block: BlockId, out: &mut [u8], stream: Stream) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, out.len())?;
-        let offset = (block as usize * per_layer) as u64;
+        let parts = check_block_io(&self.config, block, out.len())?;
+        let (latents, keys) = out.split_at_mut(self.config.num_layers * parts.latent);
         guard("CUDA read_block", || {
             self.bind()?;
-            let copies = out
-                .chunks_exact_mut(per_layer)
-                .enumerate()
-                .map(|(layer, chunk)| {
-                    // SAFETY: the source is inside layer `layer` (block checked); the
-                    // destination outlives the copy, which `finish` waits for.
-                    unsafe {
-                        cu::memcpy_dtoh_async(
-                            chunk,
-                            self.layer_base(layer) + offset,
-                            stream.0 as RawStream,
-                        )
-                    }
+            let sources = self.block_sources(block, parts);
+            // Without an indexer `keys` is empty: `max(1)` only avoids a zero chunk size.
+            let chunks = latents
+                .chunks_exact_mut(parts.latent)
+                .chain(keys.chunks_exact_mut(parts.indexer.max(1)));
+            let copies = chunks.zip(sources).map(|(chunk, src)| {
+                // SAFETY: the source is inside this store (block checked); the
+                // destination outlives the copy, which `finish` waits for.
+                unsafe { cu::memcpy_dtoh_async(chunk, src, stream.0 as RawStream) }
                     .map_err(|e| driver_error("cuMemcpyDtoHAsync", e))
-                });
+            });
             finish(copies, stream)
         })
     }
@@ -158,27 +170,47 @@ impl CudaStore {
     /// enqueued on `stream`, then waited for, so `data` may go once this
     /// returns and the caller's later work on `stream` sees the block.
     pub fn write_block(&self, block: BlockId, data: &[u8], stream: Stream) -> Result<()> {
-        let per_layer = check_block_io(&self.config, &self.codec, block, data.len())?;
-        let offset = (block as usize * per_layer) as u64;
+        let parts = check_block_io(&self.config, block, data.len())?;
+        let (latents, keys) = data.split_at(self.config.num_layers * parts.latent);
         guard("CUDA write_block", || {
             self.bind()?;
-            let copies = data
-                .chunks_exact(per_layer)
-                .enumerate()
-                .map(|(layer, chunk)| {
-                    // SAFETY: the destination is inside layer `layer` (block
-                    // checked); the source outlives the copy (`finish` waits).
-                    unsafe {
-                        cu::memcpy_htod_async(
-                            self.layer_base(layer) + offset,
-                            chunk,
-                            stream.0 as RawStream,
-                        )
-                    }
+            let destinations = self.block_sources(block, parts);
+            // Without an indexer `keys` is empty: `max(1)` only avoids a zero chunk size.
+            let chunks = latents
+                .chunks_exact(parts.latent)
+                .chain(keys.chunks_exact(parts.indexer.max(1)));
+            let copies = chunks.zip(destinations).map(|(chunk, dst)| {
+                // SAFETY: the destination is inside this store (block
+                // checked); the source outlives the copy (`finish` waits).
+                unsafe { cu::memcpy_htod_async(dst, chunk, stream.0 as RawStream) }
                     .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))
-                });
+            });
             finish(copies, stream)
         })
+    }
+
+    /// Device addresses of block `block`'s latent part in every layer, then
+    /// of its indexer part in every layer (none without an indexer).
+    fn block_sources(
+        &self,
+        block: BlockId,
+        parts: BlockParts,
+    ) -> impl Iterator<Item = sys::CUdeviceptr> + '_ {
+        let b = block as u64;
+        let layers = 0..self.config.num_layers;
+        let latent = layers
+            .clone()
+            .map(move |l| self.layer_base(l) + b * parts.latent as u64);
+        let indexer = layers
+            .filter(move |_| parts.indexer > 0)
+            .map(move |l| self.indexer_base(l) + b * parts.indexer as u64);
+        latent.chain(indexer)
+    }
+
+    /// Device address of layer `layer`'s indexer keys (in range).
+    fn indexer_base(&self, layer: usize) -> sys::CUdeviceptr {
+        self.base
+            + (self.config.num_layers * self.layer_stride + layer * self.indexer_stride) as u64
     }
 
     /// Device address of layer `layer` (in range).
@@ -303,7 +335,13 @@ impl LatentStore for CudaStore {
     }
 
     fn copy_blocks(&self, pairs: &[(BlockId, BlockId)], stream: Stream) -> Result<()> {
-        let launches = copy_blocks_launches(&self.config, self.base, self.layer_stride, pairs)?;
+        let mut launches = copy_blocks_launches(&self.config, self.base, self.layer_stride, pairs)?;
+        launches.extend(indexer_copy_blocks_launches(
+            &self.config,
+            self.indexer_base(0),
+            self.indexer_stride,
+            pairs,
+        )?);
         guard("CUDA copy_blocks", || {
             self.bind()?;
             for launch in launches {
@@ -321,6 +359,89 @@ impl LatentStore for CudaStore {
             &self.codec,
             self.device(),
             addr,
+        ))
+    }
+
+    unsafe fn write_indexer_raw(
+        &self,
+        layer: usize,
+        keys: MatrixDesc,
+        slot_mapping: VectorDesc<i64>,
+        stream: Stream,
+    ) -> Result<()> {
+        check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        let Some(launch) =
+            indexer_write_launch(&self.config, self.indexer_base(layer), &keys, &slot_mapping)?
+        else {
+            return Ok(());
+        };
+        guard("CUDA indexer write", || {
+            self.bind()?;
+            // SAFETY: the caller vouches for the descriptors (trait
+            // contract); the layer is ours.
+            unsafe { self.enqueue(launch, stream) }
+        })
+    }
+
+    unsafe fn gather_indexer_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        stream: Stream,
+    ) -> Result<()> {
+        check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        let Some(launch) =
+            indexer_gather_launch(&self.config, self.indexer_base(layer), &block_table, &out)?
+        else {
+            return Ok(());
+        };
+        guard("CUDA indexer gather", || {
+            self.bind()?;
+            // SAFETY: the caller vouches for the descriptors (trait
+            // contract); the layer is ours.
+            unsafe { self.enqueue(launch, stream) }
+        })
+    }
+
+    unsafe fn gather_indexer_quantized_raw(
+        &self,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        codes: VectorDesc<u8>,
+        scales: VectorDesc<f32>,
+        stream: Stream,
+    ) -> Result<()> {
+        check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        let Some(launch) = indexer_gather_quantized_launch(
+            &self.config,
+            self.indexer_base(layer),
+            &block_table,
+            &codes,
+            &scales,
+        )?
+        else {
+            return Ok(());
+        };
+        guard("CUDA indexer gather", || {
+            self.bind()?;
+            // SAFETY: the caller vouches for the descriptors (trait
+            // contract); the layer is ours.
+            unsafe { self.enqueue(launch, stream) }
+        })
+    }
+
+    fn indexer_view(&self, layer: usize) -> Result<IndexerView> {
+        let indexer = check_indexer(&self.config)?;
+        check_layer(&self.config, layer)?;
+        Ok(indexer_view_at(
+            &self.config,
+            indexer,
+            self.device(),
+            self.indexer_base(layer) as usize,
         ))
     }
 }

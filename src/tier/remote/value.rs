@@ -4,22 +4,28 @@
 //! covers the deployment's name and the block format, so differently
 //! configured caches never read each other's blocks.
 //!
-//! Value: a 52-byte header, then one block (all layers, stored format):
+//! Value: a 56-byte header, then one block (all layers, stored format: the
+//! latent part of every layer, then the indexer part of every layer, if the
+//! cache has one):
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic "MLAB"
-//!      4    2 version (1), little-endian like every field
+//!      4    2 version (2), little-endian like every field
 //!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6, 3 nvfp4_ds_mla)
 //!      7    1 zero
 //!      8    4 layers
 //!     12    4 tokens per block
-//!     16    4 bytes per token per layer
-//!     20   16 block hash
-//!     36    8 payload length
-//!     44    8 xxh3-64 of bytes [0, 44) followed by the payload
-//!     52      payload
+//!     16    4 latent bytes per token per layer
+//!     20    4 indexer bytes per token per layer (0: no indexer part)
+//!     24   16 block hash
+//!     40    8 payload length
+//!     48    8 xxh3-64 of bytes [0, 48) followed by the payload
+//!     56      payload
 //! ```
+//!
+//! The latent and indexer parts travel in one value under one checksum, so
+//! a block comes back whole or not at all.
 //!
 //! A value is accepted only if every field matches what the reader expects
 //! and the checksum holds: a corrupted, truncated or foreign value is a miss.
@@ -30,9 +36,14 @@ use crate::config::{CacheConfig, Dtype};
 use crate::hash::BlockHash;
 
 /// Bytes before the payload.
-pub const HEADER_LEN: usize = 52;
+pub const HEADER_LEN: usize = 56;
 const MAGIC: &[u8; 4] = b"MLAB";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// Bytes of the fields that do not depend on the block.
+const GEOMETRY_LEN: usize = 24;
+const HASH_AT: usize = GEOMETRY_LEN;
+const PAYLOAD_LEN_AT: usize = HASH_AT + 16;
+const CHECKSUM_AT: usize = PAYLOAD_LEN_AT + 8;
 
 /// What a remote value holds: the geometry of one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +54,12 @@ pub struct BlockFormat {
     pub num_layers: u32,
     /// Tokens per block.
     pub block_size: u32,
-    /// Bytes per token and layer.
+    /// Latent bytes per token and layer.
     pub bytes_per_token: u32,
-    /// Payload bytes (`num_layers x block_size x bytes_per_token`, or 0 for
-    /// bookkeeping-only replays).
+    /// Indexer-key bytes per token and layer (0 without an indexer).
+    pub indexer_bytes_per_token: u32,
+    /// Payload bytes (`num_layers x block_size x (bytes_per_token +
+    /// indexer_bytes_per_token)`, or 0 for bookkeeping-only replays).
     pub payload_len: u64,
 }
 
@@ -57,7 +70,8 @@ impl BlockFormat {
             dtype: config.dtype,
             num_layers: config.num_layers as u32,
             block_size: config.block_size as u32,
-            bytes_per_token: config.bytes_per_token_per_layer() as u32,
+            bytes_per_token: config.latent_bytes_per_token_per_layer() as u32,
+            indexer_bytes_per_token: config.indexer_bytes_per_token_per_layer() as u32,
             payload_len: payload_len as u64,
         }
     }
@@ -74,15 +88,16 @@ impl BlockFormat {
         HEADER_LEN + self.payload_len as usize
     }
 
-    /// The header fields that do not depend on the block, bytes `[0, 20)`.
-    fn geometry(&self) -> [u8; 20] {
-        let mut g = [0u8; 20];
+    /// The header fields that do not depend on the block, bytes `[0, 24)`.
+    fn geometry(&self) -> [u8; GEOMETRY_LEN] {
+        let mut g = [0u8; GEOMETRY_LEN];
         g[..4].copy_from_slice(MAGIC);
         g[4..6].copy_from_slice(&VERSION.to_le_bytes());
         g[6] = self.dtype_code();
         g[8..12].copy_from_slice(&self.num_layers.to_le_bytes());
         g[12..16].copy_from_slice(&self.block_size.to_le_bytes());
         g[16..20].copy_from_slice(&self.bytes_per_token.to_le_bytes());
+        g[20..24].copy_from_slice(&self.indexer_bytes_per_token.to_le_bytes());
         g
     }
 
@@ -104,12 +119,12 @@ impl BlockFormat {
         fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
     ) -> Result<Vec<u8>, E> {
         let mut value = vec![0u8; self.value_len()];
-        value[..20].copy_from_slice(&self.geometry());
-        value[20..36].copy_from_slice(&hash.0.to_le_bytes());
-        value[36..44].copy_from_slice(&self.payload_len.to_le_bytes());
+        value[..GEOMETRY_LEN].copy_from_slice(&self.geometry());
+        value[HASH_AT..PAYLOAD_LEN_AT].copy_from_slice(&hash.0.to_le_bytes());
+        value[PAYLOAD_LEN_AT..CHECKSUM_AT].copy_from_slice(&self.payload_len.to_le_bytes());
         fill(&mut value[HEADER_LEN..])?;
         let sum = checksum(&value);
-        value[44..52].copy_from_slice(&sum.to_le_bytes());
+        value[CHECKSUM_AT..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
         Ok(value)
     }
 
@@ -122,16 +137,18 @@ impl BlockFormat {
         if value[..4] != MAGIC[..] || value[4..6] != VERSION.to_le_bytes() {
             return Err(Rejected::NotABlock);
         }
-        if value[..20] != self.geometry() {
+        if value[..GEOMETRY_LEN] != self.geometry() {
             return Err(Rejected::OtherFormat);
         }
-        if value[20..36] != hash.0.to_le_bytes() {
+        if value[HASH_AT..PAYLOAD_LEN_AT] != hash.0.to_le_bytes() {
             return Err(Rejected::OtherBlock);
         }
-        if value[36..44] != self.payload_len.to_le_bytes() || value.len() != self.value_len() {
+        if value[PAYLOAD_LEN_AT..CHECKSUM_AT] != self.payload_len.to_le_bytes()
+            || value.len() != self.value_len()
+        {
             return Err(Rejected::Truncated);
         }
-        if value[44..52] != checksum(value).to_le_bytes() {
+        if value[CHECKSUM_AT..HEADER_LEN] != checksum(value).to_le_bytes() {
             return Err(Rejected::Checksum);
         }
         Ok(())
@@ -156,7 +173,7 @@ pub enum Rejected {
 /// xxh3-64 of the header before the checksum field and of the payload.
 fn checksum(value: &[u8]) -> u64 {
     let mut h = Xxh3::new();
-    h.update(&value[..44]);
+    h.update(&value[..CHECKSUM_AT]);
     h.update(&value[HEADER_LEN..]);
     h.digest()
 }
@@ -190,7 +207,7 @@ mod tests {
             Err(Rejected::Truncated)
         );
         assert_eq!(f.check(h, &value[..10]), Err(Rejected::Truncated));
-        for at in [0, 6, 9, 40, 47, HEADER_LEN, value.len() - 1] {
+        for at in [0, 6, 9, 21, 40, 47, 50, HEADER_LEN, value.len() - 1] {
             let mut bad = value.clone();
             bad[at] ^= 0x10;
             assert!(f.check(h, &bad).is_err(), "flip at {at} accepted");
@@ -200,6 +217,12 @@ mod tests {
             ..f
         };
         assert_eq!(other.check(h, &value), Err(Rejected::OtherFormat));
+        let with_indexer = BlockFormat {
+            indexer_bytes_per_token: 132,
+            ..f
+        };
+        assert_eq!(with_indexer.check(h, &value), Err(Rejected::OtherFormat));
+        assert_ne!(f.key_prefix("a"), with_indexer.key_prefix("a"));
         assert_ne!(f.key_prefix("a"), f.key_prefix("b"));
         assert_ne!(f.key_prefix("a"), other.key_prefix("a"));
     }
