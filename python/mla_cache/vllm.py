@@ -11,8 +11,8 @@ read, for one MLA KV cache group (``MLAAttentionSpec``, or
 
 It reads of vLLM's ``Request`` only what vLLM's manager reads
 (``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
-``block_hashes``, ``status``, ``lora_request``, ``cache_salt``,
-``mm_features``, ``num_preemptions``, ``skip_reading_prefix_cache``), and
+``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``,
+``skip_reading_prefix_cache``), and
 imports vLLM only to hand back vLLM's own event and stats objects when vLLM is
 installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
 :class:`~mla_cache.CacheConfig`.
@@ -27,8 +27,15 @@ vLLM's semantics, kept:
   multi-module MTP's re-prefill tail, ``num_prefill_lookahead - 1``): the
   tokens vLLM has hashed, whichever call brought them (``allocate_slots``
   or ``cache_blocks``), so hash-lookahead (EAGLE/MTP) blocks wait for their
-  lookahead tokens as in vLLM. Tokens reach the block manager only then, so a
-  decode step that needs no new block is a counter update.
+  lookahead tokens as in vLLM. A decode step that needs no new block is a
+  counter check.
+- **vLLM's digests are the keys.** Blocks are looked up, admitted and
+  committed by ``request.block_hashes`` (``BlockManager.match_block_hashes``,
+  ``admit``/``commit`` with ``block_hashes=``): the adapter never hashes
+  tokens, LoRA, salt and media are in vLLM's digests, and events carry vLLM's
+  own external hashes. Nothing past the blocks vLLM has hashed is cached or
+  found (with vLLM's hasher off, nothing is, as in vLLM). Token ids reach the
+  block manager only when events, which carry them, are on.
 - **Deferred frees.** ``pop_blocks_for_free`` detaches a request and returns
   its blocks; they stay allocated until the scheduler passes them to
   ``block_pool.free_blocks``, once no in-flight step can write them.
@@ -49,7 +56,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ._native import BlockManager, CacheConfig, ExtraKeys, MultiModalKey, OutOfBlocks
+from ._native import BlockManager, CacheConfig, ExtraKeys, OutOfBlocks
 from . import kv_events
 
 __all__ = [
@@ -176,7 +183,7 @@ def _stats_class() -> type:
     return VllmStats
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tracked:
     """What the adapter keeps of an admitted request."""
 
@@ -189,6 +196,10 @@ class _Tracked:
     """Tokens given to the block manager."""
     cached_blocks: int
     """Full blocks committed (shareable)."""
+    next_cache: int
+    """Computed tokens from which one more block may be committed."""
+    view: "KVCacheBlocks"
+    """``KVCacheBlocks`` over ``blocks`` (live), handed out by ``get_blocks``."""
 
 
 class _PoppedBlocks(List[KVCacheBlock]):
@@ -392,11 +403,19 @@ class KVCacheManager:
             raise ValueError("num_blocks must count the null block and at least one more")
         if cache_config is None:
             cache_config = CacheConfig.preset("deepseek-v3", num_blocks=num_blocks - 1)
+        if cache_config.verify_tokens:
+            raise ValueError("the adapter keys blocks by vLLM's block hashes: verify_tokens is not supported")
+        # Blocks are keyed by vLLM's digests (request.block_hashes), which the
+        # block manager takes under an engine kind: sha256_cbor's 32 bytes
+        # (vLLM's sha256 and sha256_cbor), or xxhash_cbor's 16 (vLLM's xxhash
+        # and xxhash_cbor, when the given config names it).
+        kind = cache_config.block_hash if cache_config.block_hash != "xxh3" else "sha256_cbor"
         config = cache_config.replace(
             num_blocks=num_blocks - 1,
             block_size=block_size,
             enable_prefix_caching=enable_caching,
             enable_events=enable_kv_cache_events,
+            block_hash=kind,
         )
         self._manager = BlockManager(config)
         self.kv_cache_config = kv_cache_config
@@ -441,6 +460,8 @@ class KVCacheManager:
         self._keys = itertools.count()
         self._loras: Dict[str, Tuple[str, int]] = {}
         self._lock = threading.Lock()
+        self._pass_tokens = enable_caching and enable_kv_cache_events
+        """Whether token ids go to the block manager: only for the events."""
         self.block_pool = BlockPool(self)
         """vLLM's block pool face (KV connectors bind to it)."""
         self.coordinator = _Coordinator(self, spec)
@@ -521,16 +542,13 @@ class KVCacheManager:
         limit = request.num_tokens - 1
         if max_cache_hit_length is not None:
             limit = min(limit, max_cache_hit_length)
-        bs = self.block_size
-        if limit < bs:
+        # vLLM's digests name the blocks: no token is passed or hashed, and
+        # nothing past the blocks vLLM has hashed is looked up.
+        hashes = request.block_hashes
+        n = min(limit // self.block_size, len(hashes))
+        if n == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        tokens = request.all_token_ids
-        keys = self._extra_keys(request)
-        # A hit starts with the first block: when that one misses (most
-        # requests), no token past it is passed or hashed.
-        if limit >= 2 * bs and self._manager.match_prefix(tokens[:bs], extra_keys=keys).num_tokens == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        found = self._manager.match_prefix(tokens[: limit - limit % bs], extra_keys=keys)
+        found = self._manager.match_block_hashes(hashes[:n] if n < len(hashes) else hashes)
         n = found.num_tokens // self.block_size
         if self.use_eagle and n:
             n -= 1
@@ -582,6 +600,19 @@ class KVCacheManager:
         Raises ``ValueError`` where vLLM does (nothing to compute or adopt)
         and for encoder tokens; ``RuntimeError`` if the hit was evicted since
         ``get_computed_blocks``."""
+        tracked = self._requests.get(request.request_id)
+        if (
+            tracked is not None
+            and num_new_tokens
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
+        ):
+            # A running request's step: a counter check until a block fills.
+            computed = request.num_computed_tokens + num_new_tokens
+            if computed + num_lookahead_tokens <= len(tracked.blocks) * self.block_size:
+                if not delay_cache_blocks and computed >= tracked.next_cache:
+                    with self._lock:
+                        self._cache(request, tracked, min(computed, request.num_tokens))
+                return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -619,9 +650,10 @@ class KVCacheManager:
                     if self._manager.num_free_blocks - reserved_blocks < need:
                         return None
                     try:
-                        if self.enable_caching and slots <= request.num_tokens:
-                            # Every slot holds a known token (a prefill chunk):
-                            # one call hands them over and takes the blocks.
+                        if self._pass_tokens and slots <= request.num_tokens:
+                            # Every slot holds a known token (a prefill chunk)
+                            # that events will carry: one call hands them
+                            # over and takes the blocks.
                             grown = self._manager.append(
                                 tracked.key, request.all_token_ids[tracked.appended : slots]
                             )
@@ -707,7 +739,7 @@ class KVCacheManager:
         tracked = self._requests.get(request_id)
         if tracked is None or not tracked.blocks:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((tracked.blocks,))
+        return tracked.view
 
     def get_block_ids(self, request_id: str) -> Tuple[List[int], ...]:
         """The request's block ids, per group."""
@@ -792,18 +824,19 @@ class KVCacheManager:
         # One token past the hit, so the manager reuses exactly the hit.
         head = hit + 1
         key = next(self._keys)
+        n = hit // bs
         try:
             admission = self._manager.admit(
                 key,
                 request.all_token_ids[:head],
                 decode_slots=max(slots, head) - head,
-                extra_keys=self._extra_keys(request),
+                extra_keys=self._lora_keys(request),
                 chunked_prefill=True,
+                block_hashes=request.block_hashes[:n],
             )
         except OutOfBlocks:
             return None, None
         table = admission.block_ids.tolist()
-        n = hit // bs
         if admission.num_cached_tokens != hit or [b + 1 for b in table[:n]] != [
             b.block_id for b in expected
         ]:
@@ -817,7 +850,15 @@ class KVCacheManager:
         if short:
             self._manager.free(key)
             return None, None
-        tracked = _Tracked(key=key, blocks=list(expected), appended=head, cached_blocks=n)
+        blocks = list(expected)
+        tracked = _Tracked(
+            key=key,
+            blocks=blocks,
+            appended=head,
+            cached_blocks=n,
+            next_cache=self._next_cache(n),
+            view=KVCacheBlocks((blocks,)),
+        )
         self._requests[request.request_id] = tracked
         return tracked, self._take_new(tracked, table[n:])
 
@@ -845,13 +886,24 @@ class KVCacheManager:
         if full <= tracked.cached_blocks:
             return
         upto = full * bs
-        if upto > tracked.appended:
+        if self._pass_tokens and upto > tracked.appended:
             self._manager.append(tracked.key, request.all_token_ids[tracked.appended : upto])
             tracked.appended = upto
-        self._manager.commit(tracked.key, upto)
+        # Committed under vLLM's digests, past the tokens the manager holds
+        # when events (which carry token ids) are off.
+        self._manager.commit(tracked.key, upto, block_hashes=request.block_hashes[tracked.cached_blocks : full])
         for i in range(tracked.cached_blocks, full):
             tracked.blocks[i].block_hash_num_tokens = (i + 1) * bs
         tracked.cached_blocks = full
+        tracked.next_cache = self._next_cache(full)
+
+    def _next_cache(self, cached_blocks: int) -> int:
+        """Computed tokens from which a request with ``cached_blocks``
+        committed may commit one more (a full block, and MTP's re-prefill
+        tail past it)."""
+        if not self.enable_caching:
+            return 1 << 62
+        return (cached_blocks + 1) * self.block_size + self.num_reprefillable_tokens
 
     def _release(self, key: int) -> None:
         """Frees a popped allocation (once)."""
@@ -869,20 +921,15 @@ class KVCacheManager:
                     b.block_hash_num_tokens = None
         return done
 
-    def _extra_keys(self, request: Any) -> Optional[ExtraKeys]:
-        """The keys beyond token ids that decide sharing: LoRA, salt, media."""
+    def _lora_keys(self, request: Any) -> Optional[ExtraKeys]:
+        """The request's LoRA adapter as the block manager's key, for the
+        events it records (vLLM's digests already cover LoRA, salt and media)."""
         lora = request.lora_request
-        adapter = None
-        if lora is not None:
-            adapter = _lora_key(lora)
-            self._loras.setdefault(adapter, (lora.lora_name, lora.lora_int_id))
-        mm = [
-            MultiModalKey(f.identifier, f.mm_position.offset, f.mm_position.length)
-            for f in request.mm_features or ()
-        ]
-        if adapter is None and not request.cache_salt and not mm:
+        if lora is None:
             return None
-        return ExtraKeys(adapter=adapter, salt=request.cache_salt or None, mm=mm)
+        adapter = _lora_key(lora)
+        self._loras.setdefault(adapter, (lora.lora_name, lora.lora_int_id))
+        return ExtraKeys(adapter=adapter)
 
     def _lora_of(self, adapter: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
         """``(lora_name, lora_id)`` of an adapter key."""

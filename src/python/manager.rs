@@ -7,16 +7,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::config::CacheConfig;
+use super::digests;
 use super::errors;
 use super::events;
+use super::extra_keys;
 use super::int_arrays::{self, tokens};
 use super::ints;
 use super::outcomes::{Admission, AppendOutcome, PrefixMatch};
 use super::prefix_calls::keyed;
-use super::request_ids::RequestIds;
+use super::request_ids::{Key, RequestIds};
 use super::requests::RequestApi;
 use super::stats;
-use crate::{manager, Error, TokenId};
+use crate::{manager, AdmitOptions, Error, TokenId};
 
 /// A paged MLA cache's bookkeeping: block allocation, prefix sharing by
 /// chained block hashes, copy-on-write for forked requests, pinning and LRU
@@ -81,7 +83,16 @@ impl BlockManager {
     /// With ``chunked_prefill=True`` the engine reports progress with
     /// ``commit``, and uncomputed blocks are never served to other requests;
     /// otherwise the whole prompt counts as computed at once.
-    #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false))]
+    ///
+    /// ``block_hashes`` (a list of ``bytes``, one per full block of
+    /// ``tokens``: vLLM's ``request.block_hashes``) keys the request by the
+    /// engine's digests instead of hashing its tokens; its later blocks are
+    /// indexed by ``commit(..., block_hashes=...)``. Only under
+    /// ``block_hash="sha256_cbor"`` (32-byte digests) or ``"xxhash_cbor"``
+    /// (16 bytes), where the manager's own chain is vLLM's, so both name a
+    /// prefix alike; ``ValueError`` otherwise and for a wrong digest length
+    /// or count, ``TypeError`` for an item that is not ``bytes``.
+    #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false, block_hashes = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
@@ -92,7 +103,24 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
         chunked_prefill: bool,
+        block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
+        if let Some(digests) = block_hashes {
+            let hashes = digests::block_hashes(&self.inner, digests)?;
+            let key = Key::extract(request_id)?;
+            let opts = AdmitOptions {
+                decode_slots,
+                keys: extra_keys::extract(extra_keys, salt)?,
+                chunked_prefill,
+            };
+            let admitted = self
+                .ids
+                .create(&key, |id| {
+                    self.inner.admit_hashed(id, &tokens, &hashes, &opts)
+                })
+                .map_err(|e| self.api().err(e))?;
+            return Ok(Admission::new(py, admitted));
+        }
         let admitted = self.api().admit(
             py,
             request_id,
@@ -119,6 +147,20 @@ impl BlockManager {
         let found = keyed(py, &tokens, extra_keys, salt, |k| {
             self.inner.match_prefix(&tokens, k)
         })?;
+        Ok(PrefixMatch::new(py, found))
+    }
+
+    /// The longest cached prefix named by ``block_hashes`` (the engine's
+    /// ``bytes`` digests, as for ``admit``), without admitting anything or
+    /// taking references; no tokens are needed. Raises as ``admit`` does
+    /// for digests it refuses.
+    fn match_block_hashes(
+        &self,
+        py: Python<'_>,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<PrefixMatch> {
+        let hashes = digests::block_hashes(&self.inner, block_hashes)?;
+        let found = self.inner.match_hashes(&hashes).map_err(errors::to_py)?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -154,13 +196,29 @@ impl BlockManager {
     /// Reports that the first ``num_computed_tokens`` tokens of
     /// ``request_id`` have their KV written (chunked prefill); full blocks
     /// among them become shareable. Progress only moves forward.
+    ///
+    /// A request admitted with ``block_hashes`` gives here the digests of
+    /// the blocks this call makes full, one each, past those indexed before
+    /// (``ValueError`` for another count, or for digests given to a request
+    /// the manager hashes itself); without them its new blocks stay
+    /// unindexed.
+    #[pyo3(signature = (request_id, num_computed_tokens, *, block_hashes = None))]
     fn commit(
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
+        block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        self.api().commit(py, request_id, num_computed_tokens)
+        match block_hashes {
+            None => self.api().commit(py, request_id, num_computed_tokens),
+            Some(digests) => {
+                let hashes = digests::block_hashes(&self.inner, digests)?;
+                self.api().on(request_id, |m, id| {
+                    m.commit_hashed(id, num_computed_tokens, &hashes)
+                })
+            }
+        }
     }
 
     /// Creates request ``child`` sharing every block of ``parent`` that holds
