@@ -159,9 +159,11 @@ impl BlockManager {
     /// [`BlockManager::admit`] keyed by the caller's block hashes: `hashes`
     /// names the full blocks of `tokens`, one each, as the engine hashed
     /// them ([`BlockManager::engine_block_hash`] of vLLM's digests), and the
-    /// manager never hashes this request's tokens. Its later full blocks are
-    /// indexed by [`BlockManager::commit_hashed`] with their hashes;
-    /// `append` and `commit` leave them unindexed.
+    /// manager never hashes this request's tokens. The lookup reads them
+    /// all; what is indexed at once is the hit under chunked prefill, else
+    /// every full block. Later blocks are indexed by
+    /// [`BlockManager::commit_hashed`] with their hashes (from the first one
+    /// not indexed); `append` and `commit` leave them unindexed.
     ///
     /// Caller hashes and the manager's own share one index, so they must
     /// name equal prefixes alike: they are taken only under an

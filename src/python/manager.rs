@@ -86,7 +86,8 @@ impl BlockManager {
     ///
     /// ``block_hashes`` (a list of ``bytes``, one per full block of
     /// ``tokens``: vLLM's ``request.block_hashes``) keys the request by the
-    /// engine's digests instead of hashing its tokens; its later blocks are
+    /// engine's digests instead of hashing its tokens. With
+    /// ``chunked_prefill`` only the hit is indexed at once; later blocks are
     /// indexed by ``commit(..., block_hashes=...)``. Only under
     /// ``block_hash="sha256_cbor"`` (32-byte digests) or ``"xxhash_cbor"``
     /// (16 bytes), where the manager's own chain is vLLM's, so both name a
