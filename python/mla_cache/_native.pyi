@@ -350,6 +350,8 @@ class BlockManager:
         self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
     ) -> PrefixMatch:
         """The longest cached prefix of ``tokens``, without taking references."""
+    def ref_count(self, block_id: int) -> int:
+        """How many requests hold the block (0 when free)."""
     def match_block_hashes(self, block_hashes: Iterable[bytes]) -> PrefixMatch:
         """The longest cached prefix named by the engine's block digests."""
     def append(self, request_id: RequestId, tokens: TokenIds) -> AppendOutcome:

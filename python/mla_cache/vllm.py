@@ -75,29 +75,52 @@ class UnsupportedLayout(ValueError):
     """The KV cache config has a layout MLA does not have."""
 
 
+_GROUP_0 = (0).to_bytes(4, "big")
+"""vLLM's group id suffix of a ``BlockHashWithGroupId`` (the one group)."""
+
+
 class KVCacheBlock:
     """One block as the scheduler sees it. The manager keeps one object per
     block id; block 0 is vLLM's null block."""
 
-    __slots__ = ("block_id", "block_hash_num_tokens")
+    __slots__ = ("block_id", "block_hash_num_tokens", "digest", "_manager")
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, manager: Optional[BlockManager] = None) -> None:
         self.block_id = block_id
         """The block's id (its slots are ``block_id * block_size + offset``)."""
         self.block_hash_num_tokens: Optional[int] = None
         """Tokens up to and including this block when it holds a cached
         (committed) full block of a request; ``None`` otherwise."""
+        self.digest: Optional[bytes] = None
+        """vLLM's digest of the block while ``block_hash_num_tokens`` is set."""
+        self._manager = manager
 
     @property
     def is_null(self) -> bool:
         """Whether this is vLLM's null block (id 0)."""
         return self.block_id == 0
 
+    @property
+    def block_hash(self) -> Optional[bytes]:
+        """vLLM's ``BlockHashWithGroupId`` of a cached full block (its digest
+        and group 0), ``None`` otherwise."""
+        if self.block_hash_num_tokens is None or self.digest is None:
+            return None
+        return self.digest + _GROUP_0
+
+    @property
+    def ref_cnt(self) -> int:
+        """Requests holding the block, as vLLM counts them (blocks a deferred
+        free has not returned yet included; 0 for the null block)."""
+        if self._manager is None or self.block_id == 0:
+            return 0
+        return self._manager.ref_count(self.block_id - 1)
+
     def __repr__(self) -> str:
         return f"KVCacheBlock(block_id={self.block_id})"
 
 
-@dataclass
+@dataclass(slots=True)
 class KVCacheBlocks:
     """Blocks of a request, per KV cache group (one for MLA): the interface
     between the scheduler and the manager, as in vLLM."""
@@ -117,8 +140,10 @@ class KVCacheBlocks:
         """Block ids per group (the groups in ``group_ids``, or all); ``None``
         when ``allow_none`` and every selected group is empty."""
         groups = self.blocks if group_ids is None else tuple(self.blocks[g] for g in group_ids)
-        if allow_none and all(len(g) == 0 for g in groups):
+        if allow_none and not any(groups):
             return None
+        if len(groups) == 1:
+            return ([b.block_id for b in groups[0]],)
         return tuple([b.block_id for b in g] for g in groups)
 
     def get_unhashed_block_ids(self) -> List[int]:
@@ -296,6 +321,19 @@ class _Coordinator:
         return self._owner._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
 
 
+class _FreeBlockQueue:
+    """What vLLM's tests and connectors read of its ``FreeKVCacheBlockQueue``:
+    the count of free blocks (the queue's order lives in the block manager)."""
+
+    def __init__(self, owner: "KVCacheManager") -> None:
+        self._owner = owner
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds, the null block left out."""
+        return self._owner._manager.num_free_blocks
+
+
 class BlockPool:
     """The members of vLLM's ``BlockPool`` the scheduler and the bundled KV
     connectors read: counts, usage, events, and the deferred free."""
@@ -312,6 +350,8 @@ class BlockPool:
         """Every block object, by id."""
         self.hash_block_size: int = owner.hash_block_size
         """Tokens per hash of ``request.block_hashes``."""
+        self.free_block_queue = _FreeBlockQueue(owner)
+        """The count vLLM's free block queue keeps (``num_free_blocks``)."""
 
     def get_num_free_blocks(self) -> int:
         """Blocks that allocation can take (free, cached or not)."""
@@ -454,7 +494,7 @@ class KVCacheManager:
         self._stats_cls = _stats_class()
         self.prefix_cache_stats = self._stats_cls() if log_stats else None
         """Stats of the current period (``None`` without ``log_stats``)."""
-        self._block_objs = [KVCacheBlock(b) for b in range(num_blocks)]
+        self._block_objs = [KVCacheBlock(b, self._manager) for b in range(num_blocks)]
         self._requests: Dict[str, _Tracked] = {}
         self._pending_free: set = set()
         self._keys = itertools.count()
@@ -873,14 +913,16 @@ class KVCacheManager:
 
     def _cache(self, request: Any, tracked: _Tracked, num_tokens: int) -> None:
         """Commits the full blocks among the first ``num_tokens`` tokens that
-        vLLM has hashed, handing the manager their tokens first."""
+        vLLM has hashed, under vLLM's digests (handing the manager their
+        tokens first when events carry them)."""
         if not self.enable_caching:
             return
         bs = self.block_size
+        digests = request.block_hashes
         # Never past the slots held: tokens only fill room already allocated.
         full = min(
             num_tokens - self.num_reprefillable_tokens,
-            len(request.block_hashes) * self.hash_block_size,
+            len(digests) * self.hash_block_size,
             len(tracked.blocks) * bs,
         ) // bs
         if full <= tracked.cached_blocks:
@@ -889,11 +931,12 @@ class KVCacheManager:
         if self._pass_tokens and upto > tracked.appended:
             self._manager.append(tracked.key, request.all_token_ids[tracked.appended : upto])
             tracked.appended = upto
-        # Committed under vLLM's digests, past the tokens the manager holds
-        # when events (which carry token ids) are off.
-        self._manager.commit(tracked.key, upto, block_hashes=request.block_hashes[tracked.cached_blocks : full])
+        # Without events the commit reaches past the tokens the manager holds.
+        self._manager.commit(tracked.key, upto, block_hashes=digests[tracked.cached_blocks : full])
         for i in range(tracked.cached_blocks, full):
-            tracked.blocks[i].block_hash_num_tokens = (i + 1) * bs
+            b = tracked.blocks[i]
+            b.block_hash_num_tokens = (i + 1) * bs
+            b.digest = digests[i]
         tracked.cached_blocks = full
         tracked.next_cache = self._next_cache(full)
 

@@ -693,6 +693,15 @@ impl BlockManager {
         }
     }
 
+    /// How many requests hold `block` (0 for a free one): vLLM's `ref_cnt`.
+    /// [`Error::InvalidBlock`] for an id outside the cache.
+    pub fn ref_count(&self, block: BlockId) -> Result<u32> {
+        if block as usize >= self.config.num_blocks {
+            return Err(Error::InvalidBlock(block));
+        }
+        Ok(self.state.lock().pool.ref_count(block))
+    }
+
     /// Blocks no request holds.
     pub fn num_free_blocks(&self) -> usize {
         let st = self.state.lock();

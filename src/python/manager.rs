@@ -369,6 +369,13 @@ impl BlockManager {
         }
     }
 
+    /// How many requests hold ``block_id`` (0 when free): vLLM's
+    /// ``KVCacheBlock.ref_cnt``. ``ValueError`` for an id outside the cache.
+    fn ref_count(&self, #[pyo3(from_py_with = ints::size)] block_id: usize) -> PyResult<u32> {
+        let block = u32::try_from(block_id).unwrap_or(u32::MAX);
+        self.inner.ref_count(block).map_err(errors::to_py)
+    }
+
     /// Blocks no request holds.
     #[getter]
     fn num_free_blocks(&self) -> usize {

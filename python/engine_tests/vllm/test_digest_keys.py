@@ -156,3 +156,35 @@ def test_own_hashing_and_vllms_digests_name_a_prefix_alike(monkeypatch, seed):
     assert by_tokens.match_block_hashes(digests).num_tokens == len(digests) * BS
     by_tokens._check_invariants()
     by_digests._check_invariants()
+
+
+def test_block_objects_read_like_vllms():
+    """``ref_cnt``, ``block_hash``, ``is_null`` of the blocks in a request's
+    table, and ``block_pool.free_block_queue.num_free_blocks``, as vLLM's own
+    code reads them, through sharing, a deferred free and its return."""
+    seen = []
+    for km in managers():
+        a = request("a", PROMPT)
+        assert km.allocate_slots(a, a.num_tokens) is not None
+        a.num_computed_tokens = a.num_tokens
+        b = request("b", PROMPT[: 3 * BS] + [1] * 20)
+        blocks, hit, _ = km.get_computed_blocks(b)
+        assert km.allocate_slots(b, b.num_tokens - hit, hit, blocks) is not None
+
+        def view(rid):
+            return [(blk.ref_cnt, blk.block_hash, blk.is_null) for blk in km.get_blocks(rid).blocks[0]]
+
+        state = [view("a"), view("b"), km.block_pool.free_block_queue.num_free_blocks]
+        popped = km.pop_blocks_for_free(a)
+        state.append([blk.ref_cnt for blk in popped])  # still held by the in-flight step
+        km.block_pool.free_blocks(reversed(popped))
+        state.append([blk.ref_cnt for blk in popped])
+        state.append(km.block_pool.free_block_queue.num_free_blocks)
+        state.append((km.block_pool.null_block.is_null, km.block_pool.null_block.block_hash))
+        seen.append(state)
+    stock, adapter = seen
+    assert adapter == stock
+    hashed = [h for _, h, _ in adapter[0]]
+    assert hashed[:5] == [d + (0).to_bytes(4, "big") for d in a.block_hashes] and hashed[5] is None
+    assert [r for r, _, _ in adapter[1]][:3] == [2, 2, 2]
+    assert adapter[4] == [1, 1, 1, 0, 0, 0]
