@@ -118,12 +118,12 @@ fn hashes_are_refused_under_the_librarys_own_chain_and_with_verify_tokens() {
     let m = BlockManager::new(config(BlockHashKind::Xxh3)).unwrap();
     let e = m.admit_hashed(1, &[1; 8], &[BlockHash(1), BlockHash(2)], &chunked());
     assert!(matches!(e, Err(Error::InvalidArgument(ref s)) if s.contains("sha256_cbor")));
-    assert!(m.match_hashes(&[BlockHash(1)]).is_err());
+    assert!(m.match_hashes([BlockHash(1)]).is_err());
     assert!(m.engine_block_hash(&[0; 16]).is_err());
     let mut c = config(BlockHashKind::Sha256Cbor);
     c.verify_tokens = true;
     let m = BlockManager::new(c).unwrap();
-    assert!(m.match_hashes(&[]).is_err());
+    assert!(m.match_hashes([]).is_err());
     assert_eq!(m.num_free_blocks(), 24);
 }
 
@@ -162,6 +162,6 @@ fn wrong_counts_change_nothing() {
     assert!(m.commit_hashed(1, 13, &hashes).is_err()); // past the 12 slots
     assert_eq!(m.stats(), before);
     m.commit_hashed(1, 8, &hashes[..2]).unwrap();
-    assert_eq!(m.match_hashes(&hashes).unwrap().num_tokens, 8);
+    assert_eq!(m.match_hashes(hashes).unwrap().num_tokens, 8);
     m.check_invariants().unwrap();
 }

@@ -95,7 +95,7 @@ def test_commit_without_digests_leaves_caller_hashed_blocks_unindexed(cbor):
         ({"block_hash": "xxhash_cbor"}, {"size": 32}, ValueError, "16 bytes"),
         ({"block_hash": "sha256_cbor"}, {"count": 1}, ValueError, "1 block hashes for 2 full blocks"),
         ({"block_hash": "sha256_cbor"}, {"count": 3}, ValueError, "3 block hashes"),
-        ({"block_hash": "sha256_cbor"}, {"items": [b"x" * 32, "not bytes"]}, TypeError, "block hash 1 must be bytes"),
+        ({"block_hash": "sha256_cbor"}, {"items": ["not bytes", b"x" * 32]}, TypeError, "block hash 0 must be bytes, got str"),
         ({"block_hash": "sha256_cbor"}, {"items": 5}, TypeError, "not iterable"),
     ],
 )
@@ -113,6 +113,17 @@ def test_bad_digests_are_refused_and_change_nothing(config, kwargs, error, match
     with pytest.raises(KeyError):
         m.num_tokens("a")
     m._check_invariants()
+
+
+def test_a_lookup_reads_digests_only_up_to_its_first_miss(cbor):
+    d = digests(2)
+    cbor.admit("a", list(range(9)), block_hashes=d)
+    assert cbor.match_block_hashes(d + digests(1, "z") + ["never read"]).num_tokens == 8
+    with pytest.raises(TypeError, match="block hash 2 must be bytes"):
+        cbor.match_block_hashes(d + ["read"])
+    # Any other iterable is read whole.
+    with pytest.raises(TypeError, match="block hash 3 must be bytes"):
+        cbor.match_block_hashes(tuple(digests(3, "z") + ["read"]))
 
 
 def test_bad_commits_are_refused_and_change_nothing(cbor):

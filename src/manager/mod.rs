@@ -363,12 +363,13 @@ impl BlockManager {
 
     /// Longest cached prefix named by the caller's block hashes (see
     /// [`BlockManager::admit_hashed`]), without admitting anything or taking
-    /// references. Needs no tokens: [`Error::InvalidArgument`] where caller
-    /// hashes are refused.
-    pub fn match_hashes(&self, hashes: &[BlockHash]) -> Result<PrefixMatch> {
+    /// references. Needs no tokens, and reads `hashes` only up to the first
+    /// miss: [`Error::InvalidArgument`] where caller hashes are refused.
+    pub fn match_hashes(&self, hashes: impl IntoIterator<Item = BlockHash>) -> Result<PrefixMatch> {
         self.check_caller_hashes()?;
         let block_ids = if self.config.enable_prefix_caching {
-            self.cached_run(&[], hashes)
+            let keys = hashes.into_iter().map(|h| (h, None));
+            self.prefixes.index.leading_run(keys)
         } else {
             Vec::new()
         };

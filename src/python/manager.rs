@@ -153,15 +153,14 @@ impl BlockManager {
 
     /// The longest cached prefix named by ``block_hashes`` (the engine's
     /// ``bytes`` digests, as for ``admit``), without admitting anything or
-    /// taking references; no tokens are needed. Raises as ``admit`` does
-    /// for digests it refuses.
+    /// taking references; no tokens are needed. Digests past the first miss
+    /// are not read. Raises as ``admit`` does for digests it refuses.
     fn match_block_hashes(
         &self,
         py: Python<'_>,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<PrefixMatch> {
-        let hashes = digests::block_hashes(&self.inner, block_hashes)?;
-        let found = self.inner.match_hashes(&hashes).map_err(errors::to_py)?;
+        let found = digests::match_leading(&self.inner, block_hashes)?;
         Ok(PrefixMatch::new(py, found))
     }
 
