@@ -164,6 +164,7 @@ fn cpp_wrapper_runs_batched_decode_steps() {
     assert!(out.contains(" passed, 0 failed"), "{out}");
 }
 
+#[test]
 fn allocation_failure_is_a_status_not_an_abort() {
     let exe = build(
         "gcc",

@@ -21,12 +21,14 @@ Usage: python python/bench/replay_vllm_adapter.py [--trace FILE] [--blocks N]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import json
 import math
 import subprocess
 import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,10 +139,25 @@ class Request:
         """Prompt and output tokens."""
         return len(self.all_token_ids)
 
-    @property
-    def block_hashes(self) -> range:
-        """Stands for vLLM's list of full-block hashes (only its length is read)."""
-        return range(len(self.all_token_ids) // self.block_size)
+    block_hashes: List[bytes] = field(default_factory=list)
+    """Digests of the full blocks, chained over the tokens as vLLM's block
+    hasher chains them (kept current by ``add_tokens``, outside the timed
+    calls, as vLLM's ``Request`` does)."""
+
+    def __post_init__(self) -> None:
+        self._hash_new_blocks()
+
+    def add_token(self, token: int) -> None:
+        """Appends one output token, hashing a block it completes."""
+        self.all_token_ids.append(token)
+        self._hash_new_blocks()
+
+    def _hash_new_blocks(self) -> None:
+        bs = self.block_size
+        for i in range(len(self.block_hashes), len(self.all_token_ids) // bs):
+            parent = self.block_hashes[-1] if self.block_hashes else b""
+            block = array("I", self.all_token_ids[i * bs : (i + 1) * bs]).tobytes()
+            self.block_hashes.append(hashlib.sha256(parent + block).digest())
 
 
 @dataclass
@@ -290,7 +307,7 @@ class _Replay:
         r = self.requests[i]
         req = self.live[i]
         if self.produced[i] < r.output_length:
-            req.all_token_ids.append(r.token_at(r.input_length + self.produced[i]))
+            req.add_token(r.token_at(r.input_length + self.produced[i]))
             new = self.timed(self.manager.allocate_slots, req, 1)
             assert new is not None, "decode slots were reserved at admission"
             req.num_computed_tokens += 1

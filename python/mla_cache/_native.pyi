@@ -347,19 +347,31 @@ class BlockManager:
         extra_keys: ExtraKeysLike = None,
         salt: Optional[str] = None,
         chunked_prefill: bool = False,
+        block_hashes: Optional[Iterable[bytes]] = None,
     ) -> Admission:
         """Admits a request with its prompt, reusing the longest cached prefix
         (capped at ``len(tokens) - 1``) and reserving ``decode_slots`` more slots.
         All or nothing: raises ``OutOfBlocks`` (fits later) or ``ValueError``
-        (never fits, or already admitted)."""
+        (never fits, or already admitted). ``block_hashes``: the engine's
+        digests of the full blocks (vLLM's ``request.block_hashes``), used
+        instead of hashing the tokens (``block_hash`` ``sha256_cbor`` or
+        ``xxhash_cbor`` only)."""
     def match_prefix(
         self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
     ) -> PrefixMatch:
         """The longest cached prefix of ``tokens``, without taking references."""
+    def ref_count(self, block_id: int) -> int:
+        """How many requests hold the block (0 when free)."""
+    def match_block_hashes(self, block_hashes: Iterable[bytes]) -> PrefixMatch:
+        """The longest cached prefix named by the engine's block digests."""
     def append(self, request_id: RequestId, tokens: TokenIds) -> AppendOutcome:
         """Appends generated tokens; returns new blocks and copy-on-write copies."""
-    def commit(self, request_id: RequestId, num_computed_tokens: int) -> None:
-        """Reports chunked-prefill progress; full computed blocks become shareable."""
+    def commit(
+        self, request_id: RequestId, num_computed_tokens: int, *, block_hashes: Optional[Iterable[bytes]] = None
+    ) -> None:
+        """Reports chunked-prefill progress; full computed blocks become shareable
+        (those of a request admitted with ``block_hashes`` under the digests
+        given here, one per block this call makes full)."""
     def fork(self, parent: RequestId, child: RequestId) -> None:
         """Creates ``child`` sharing every block of ``parent`` that holds tokens."""
     def free(self, request_id: RequestId) -> None:

@@ -11,8 +11,8 @@ read, for one MLA KV cache group (``MLAAttentionSpec``, or
 
 It reads of vLLM's ``Request`` only what vLLM's manager reads
 (``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
-``block_hashes``, ``status``, ``lora_request``, ``cache_salt``,
-``mm_features``, ``num_preemptions``, ``skip_reading_prefix_cache``), and
+``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``,
+``skip_reading_prefix_cache``), and
 imports vLLM only to hand back vLLM's own event and stats objects when vLLM is
 installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
 :class:`~mla_cache.CacheConfig`.
@@ -27,8 +27,15 @@ vLLM's semantics, kept:
   multi-module MTP's re-prefill tail, ``num_prefill_lookahead - 1``): the
   tokens vLLM has hashed, whichever call brought them (``allocate_slots``
   or ``cache_blocks``), so hash-lookahead (EAGLE/MTP) blocks wait for their
-  lookahead tokens as in vLLM. Tokens reach the block manager only then, so a
-  decode step that needs no new block is a counter update.
+  lookahead tokens as in vLLM. A decode step that needs no new block is a
+  counter check.
+- **vLLM's digests are the keys.** Blocks are looked up, admitted and
+  committed by ``request.block_hashes`` (``BlockManager.match_block_hashes``,
+  ``admit``/``commit`` with ``block_hashes=``): the adapter never hashes
+  tokens, LoRA, salt and media are in vLLM's digests, and events carry vLLM's
+  own external hashes. Nothing past the blocks vLLM has hashed is cached or
+  found (with vLLM's hasher off, nothing is, as in vLLM). Token ids reach the
+  block manager only when events, which carry them, are on.
 - **Deferred frees.** ``pop_blocks_for_free`` detaches a request and returns
   its blocks; they stay allocated until the scheduler passes them to
   ``block_pool.free_blocks``, once no in-flight step can write them.
@@ -49,7 +56,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ._native import BlockManager, CacheConfig, ExtraKeys, MultiModalKey, OutOfBlocks
+from ._native import BlockManager, CacheConfig, ExtraKeys, OutOfBlocks
 from . import kv_events
 
 __all__ = [
@@ -68,29 +75,52 @@ class UnsupportedLayout(ValueError):
     """The KV cache config has a layout MLA does not have."""
 
 
+_GROUP_0 = (0).to_bytes(4, "big")
+"""vLLM's group id suffix of a ``BlockHashWithGroupId`` (the one group)."""
+
+
 class KVCacheBlock:
     """One block as the scheduler sees it. The manager keeps one object per
     block id; block 0 is vLLM's null block."""
 
-    __slots__ = ("block_id", "block_hash_num_tokens")
+    __slots__ = ("block_id", "block_hash_num_tokens", "digest", "_manager")
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, manager: Optional[BlockManager] = None) -> None:
         self.block_id = block_id
         """The block's id (its slots are ``block_id * block_size + offset``)."""
         self.block_hash_num_tokens: Optional[int] = None
         """Tokens up to and including this block when it holds a cached
         (committed) full block of a request; ``None`` otherwise."""
+        self.digest: Optional[bytes] = None
+        """vLLM's digest of the block while ``block_hash_num_tokens`` is set."""
+        self._manager = manager
 
     @property
     def is_null(self) -> bool:
         """Whether this is vLLM's null block (id 0)."""
         return self.block_id == 0
 
+    @property
+    def block_hash(self) -> Optional[bytes]:
+        """vLLM's ``BlockHashWithGroupId`` of a cached full block (its digest
+        and group 0), ``None`` otherwise."""
+        if self.block_hash_num_tokens is None or self.digest is None:
+            return None
+        return self.digest + _GROUP_0
+
+    @property
+    def ref_cnt(self) -> int:
+        """Requests holding the block, as vLLM counts them (blocks a deferred
+        free has not returned yet included; 0 for the null block)."""
+        if self._manager is None or self.block_id == 0:
+            return 0
+        return self._manager.ref_count(self.block_id - 1)
+
     def __repr__(self) -> str:
         return f"KVCacheBlock(block_id={self.block_id})"
 
 
-@dataclass
+@dataclass(slots=True)
 class KVCacheBlocks:
     """Blocks of a request, per KV cache group (one for MLA): the interface
     between the scheduler and the manager, as in vLLM."""
@@ -110,8 +140,10 @@ class KVCacheBlocks:
         """Block ids per group (the groups in ``group_ids``, or all); ``None``
         when ``allow_none`` and every selected group is empty."""
         groups = self.blocks if group_ids is None else tuple(self.blocks[g] for g in group_ids)
-        if allow_none and all(len(g) == 0 for g in groups):
+        if allow_none and not any(groups):
             return None
+        if len(groups) == 1:
+            return ([b.block_id for b in groups[0]],)
         return tuple([b.block_id for b in g] for g in groups)
 
     def get_unhashed_block_ids(self) -> List[int]:
@@ -176,7 +208,7 @@ def _stats_class() -> type:
     return VllmStats
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tracked:
     """What the adapter keeps of an admitted request."""
 
@@ -189,6 +221,10 @@ class _Tracked:
     """Tokens given to the block manager."""
     cached_blocks: int
     """Full blocks committed (shareable)."""
+    next_cache: int
+    """Computed tokens from which one more block may be committed."""
+    view: "KVCacheBlocks"
+    """``KVCacheBlocks`` over ``blocks`` (live), handed out by ``get_blocks``."""
 
 
 class _PoppedBlocks(List[KVCacheBlock]):
@@ -285,6 +321,19 @@ class _Coordinator:
         return self._owner._blocks_to_allocate(request_id, num_tokens, new_computed_blocks)
 
 
+class _FreeBlockQueue:
+    """What vLLM's tests and connectors read of its ``FreeKVCacheBlockQueue``:
+    the count of free blocks (the queue's order lives in the block manager)."""
+
+    def __init__(self, owner: "KVCacheManager") -> None:
+        self._owner = owner
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds, the null block left out."""
+        return self._owner._manager.num_free_blocks
+
+
 class BlockPool:
     """The members of vLLM's ``BlockPool`` the scheduler and the bundled KV
     connectors read: counts, usage, events, and the deferred free."""
@@ -301,6 +350,8 @@ class BlockPool:
         """Every block object, by id."""
         self.hash_block_size: int = owner.hash_block_size
         """Tokens per hash of ``request.block_hashes``."""
+        self.free_block_queue = _FreeBlockQueue(owner)
+        """The count vLLM's free block queue keeps (``num_free_blocks``)."""
 
     def get_num_free_blocks(self) -> int:
         """Blocks that allocation can take (free, cached or not)."""
@@ -392,11 +443,19 @@ class KVCacheManager:
             raise ValueError("num_blocks must count the null block and at least one more")
         if cache_config is None:
             cache_config = CacheConfig.preset("deepseek-v3", num_blocks=num_blocks - 1)
+        if cache_config.verify_tokens:
+            raise ValueError("the adapter keys blocks by vLLM's block hashes: verify_tokens is not supported")
+        # Blocks are keyed by vLLM's digests (request.block_hashes), which the
+        # block manager takes under an engine kind: sha256_cbor's 32 bytes
+        # (vLLM's sha256 and sha256_cbor), or xxhash_cbor's 16 (vLLM's xxhash
+        # and xxhash_cbor, when the given config names it).
+        kind = cache_config.block_hash if cache_config.block_hash != "xxh3" else "sha256_cbor"
         config = cache_config.replace(
             num_blocks=num_blocks - 1,
             block_size=block_size,
             enable_prefix_caching=enable_caching,
             enable_events=enable_kv_cache_events,
+            block_hash=kind,
         )
         self._manager = BlockManager(config)
         self.kv_cache_config = kv_cache_config
@@ -435,12 +494,14 @@ class KVCacheManager:
         self._stats_cls = _stats_class()
         self.prefix_cache_stats = self._stats_cls() if log_stats else None
         """Stats of the current period (``None`` without ``log_stats``)."""
-        self._block_objs = [KVCacheBlock(b) for b in range(num_blocks)]
+        self._block_objs = [KVCacheBlock(b, self._manager) for b in range(num_blocks)]
         self._requests: Dict[str, _Tracked] = {}
         self._pending_free: set = set()
         self._keys = itertools.count()
         self._loras: Dict[str, Tuple[str, int]] = {}
         self._lock = threading.Lock()
+        self._pass_tokens = enable_caching and enable_kv_cache_events
+        """Whether token ids go to the block manager: only for the events."""
         self.block_pool = BlockPool(self)
         """vLLM's block pool face (KV connectors bind to it)."""
         self.coordinator = _Coordinator(self, spec)
@@ -521,16 +582,13 @@ class KVCacheManager:
         limit = request.num_tokens - 1
         if max_cache_hit_length is not None:
             limit = min(limit, max_cache_hit_length)
-        bs = self.block_size
-        if limit < bs:
+        # vLLM's digests name the blocks: no token is passed or hashed, and
+        # nothing past the blocks vLLM has hashed is looked up.
+        hashes = request.block_hashes
+        n = min(limit // self.block_size, len(hashes))
+        if n == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        tokens = request.all_token_ids
-        keys = self._extra_keys(request)
-        # A hit starts with the first block: when that one misses (most
-        # requests), no token past it is passed or hashed.
-        if limit >= 2 * bs and self._manager.match_prefix(tokens[:bs], extra_keys=keys).num_tokens == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        found = self._manager.match_prefix(tokens[: limit - limit % bs], extra_keys=keys)
+        found = self._manager.match_block_hashes(hashes[:n] if n < len(hashes) else hashes)
         n = found.num_tokens // self.block_size
         if self.use_eagle and n:
             n -= 1
@@ -582,6 +640,19 @@ class KVCacheManager:
         Raises ``ValueError`` where vLLM does (nothing to compute or adopt)
         and for encoder tokens; ``RuntimeError`` if the hit was evicted since
         ``get_computed_blocks``."""
+        tracked = self._requests.get(request.request_id)
+        if (
+            tracked is not None
+            and num_new_tokens
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
+        ):
+            # A running request's step: a counter check until a block fills.
+            computed = request.num_computed_tokens + num_new_tokens
+            if computed + num_lookahead_tokens <= len(tracked.blocks) * self.block_size:
+                if not delay_cache_blocks and computed >= tracked.next_cache:
+                    with self._lock:
+                        self._cache(request, tracked, min(computed, request.num_tokens))
+                return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -619,9 +690,10 @@ class KVCacheManager:
                     if self._manager.num_free_blocks - reserved_blocks < need:
                         return None
                     try:
-                        if self.enable_caching and slots <= request.num_tokens:
-                            # Every slot holds a known token (a prefill chunk):
-                            # one call hands them over and takes the blocks.
+                        if self._pass_tokens and slots <= request.num_tokens:
+                            # Every slot holds a known token (a prefill chunk)
+                            # that events will carry: one call hands them
+                            # over and takes the blocks.
                             grown = self._manager.append(
                                 tracked.key, request.all_token_ids[tracked.appended : slots]
                             )
@@ -707,7 +779,7 @@ class KVCacheManager:
         tracked = self._requests.get(request_id)
         if tracked is None or not tracked.blocks:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((tracked.blocks,))
+        return tracked.view
 
     def get_block_ids(self, request_id: str) -> Tuple[List[int], ...]:
         """The request's block ids, per group."""
@@ -792,18 +864,19 @@ class KVCacheManager:
         # One token past the hit, so the manager reuses exactly the hit.
         head = hit + 1
         key = next(self._keys)
+        n = hit // bs
         try:
             admission = self._manager.admit(
                 key,
                 request.all_token_ids[:head],
                 decode_slots=max(slots, head) - head,
-                extra_keys=self._extra_keys(request),
+                extra_keys=self._lora_keys(request),
                 chunked_prefill=True,
+                block_hashes=request.block_hashes[:n],
             )
         except OutOfBlocks:
             return None, None
         table = admission.block_ids.tolist()
-        n = hit // bs
         if admission.num_cached_tokens != hit or [b + 1 for b in table[:n]] != [
             b.block_id for b in expected
         ]:
@@ -817,7 +890,15 @@ class KVCacheManager:
         if short:
             self._manager.free(key)
             return None, None
-        tracked = _Tracked(key=key, blocks=list(expected), appended=head, cached_blocks=n)
+        blocks = list(expected)
+        tracked = _Tracked(
+            key=key,
+            blocks=blocks,
+            appended=head,
+            cached_blocks=n,
+            next_cache=self._next_cache(n),
+            view=KVCacheBlocks((blocks,)),
+        )
         self._requests[request.request_id] = tracked
         return tracked, self._take_new(tracked, table[n:])
 
@@ -832,26 +913,40 @@ class KVCacheManager:
 
     def _cache(self, request: Any, tracked: _Tracked, num_tokens: int) -> None:
         """Commits the full blocks among the first ``num_tokens`` tokens that
-        vLLM has hashed, handing the manager their tokens first."""
+        vLLM has hashed, under vLLM's digests (handing the manager their
+        tokens first when events carry them)."""
         if not self.enable_caching:
             return
         bs = self.block_size
+        digests = request.block_hashes
         # Never past the slots held: tokens only fill room already allocated.
         full = min(
             num_tokens - self.num_reprefillable_tokens,
-            len(request.block_hashes) * self.hash_block_size,
+            len(digests) * self.hash_block_size,
             len(tracked.blocks) * bs,
         ) // bs
         if full <= tracked.cached_blocks:
             return
         upto = full * bs
-        if upto > tracked.appended:
+        if self._pass_tokens and upto > tracked.appended:
             self._manager.append(tracked.key, request.all_token_ids[tracked.appended : upto])
             tracked.appended = upto
-        self._manager.commit(tracked.key, upto)
+        # Without events the commit reaches past the tokens the manager holds.
+        self._manager.commit(tracked.key, upto, block_hashes=digests[tracked.cached_blocks : full])
         for i in range(tracked.cached_blocks, full):
-            tracked.blocks[i].block_hash_num_tokens = (i + 1) * bs
+            b = tracked.blocks[i]
+            b.block_hash_num_tokens = (i + 1) * bs
+            b.digest = digests[i]
         tracked.cached_blocks = full
+        tracked.next_cache = self._next_cache(full)
+
+    def _next_cache(self, cached_blocks: int) -> int:
+        """Computed tokens from which a request with ``cached_blocks``
+        committed may commit one more (a full block, and MTP's re-prefill
+        tail past it)."""
+        if not self.enable_caching:
+            return 1 << 62
+        return (cached_blocks + 1) * self.block_size + self.num_reprefillable_tokens
 
     def _release(self, key: int) -> None:
         """Frees a popped allocation (once)."""
@@ -869,20 +964,15 @@ class KVCacheManager:
                     b.block_hash_num_tokens = None
         return done
 
-    def _extra_keys(self, request: Any) -> Optional[ExtraKeys]:
-        """The keys beyond token ids that decide sharing: LoRA, salt, media."""
+    def _lora_keys(self, request: Any) -> Optional[ExtraKeys]:
+        """The request's LoRA adapter as the block manager's key, for the
+        events it records (vLLM's digests already cover LoRA, salt and media)."""
         lora = request.lora_request
-        adapter = None
-        if lora is not None:
-            adapter = _lora_key(lora)
-            self._loras.setdefault(adapter, (lora.lora_name, lora.lora_int_id))
-        mm = [
-            MultiModalKey(f.identifier, f.mm_position.offset, f.mm_position.length)
-            for f in request.mm_features or ()
-        ]
-        if adapter is None and not request.cache_salt and not mm:
+        if lora is None:
             return None
-        return ExtraKeys(adapter=adapter, salt=request.cache_salt or None, mm=mm)
+        adapter = _lora_key(lora)
+        self._loras.setdefault(adapter, (lora.lora_name, lora.lora_int_id))
+        return ExtraKeys(adapter=adapter)
 
     def _lora_of(self, adapter: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
         """``(lora_name, lora_id)`` of an adapter key."""

@@ -1,6 +1,7 @@
 """The vLLM adapter driven the way vLLM's scheduler drives its KVCacheManager,
 checked against the behaviour vLLM's own prefix-caching tests describe."""
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -51,10 +52,24 @@ class Request:
         return len(self.all_token_ids)
 
     @property
-    def block_hashes(self) -> List[int]:
-        """One entry per full block, as vLLM's block hasher keeps them (the
-        adapter reads only how many there are)."""
-        return [0] * (self.num_tokens // BS)
+    def block_hashes(self) -> List[bytes]:
+        """One 32-byte digest per full block, chained as vLLM's block hasher
+        chains them, over the block's tokens and the keys vLLM hashes with
+        (LoRA, the salt on the first block, overlapping media)."""
+        out: List[bytes] = []
+        parent = b""
+        lora = None if self.lora_request is None else (self.lora_request.lora_name, self.lora_request.lora_path)
+        for i in range(self.num_tokens // BS):
+            start, end = i * BS, (i + 1) * BS
+            mm = [
+                (f.identifier, f.mm_position.offset - start)
+                for f in self.mm_features
+                if f.mm_position.offset < end and f.mm_position.offset + f.mm_position.length > start
+            ]
+            keys = (lora, self.cache_salt if i == 0 else None, mm)
+            parent = hashlib.sha256(repr((parent, self.all_token_ids[start:end], keys)).encode()).digest()
+            out.append(parent)
+        return out
 
 
 def make(num_blocks=16, **kw):
@@ -507,8 +522,8 @@ def test_caching_waits_for_vllms_block_hashes():
 
     class Lagging(Request):
         @property
-        def block_hashes(self) -> List[int]:
-            return [0] * max(0, self.num_tokens // BS - 1)
+        def block_hashes(self) -> List[bytes]:
+            return super().block_hashes[: max(0, self.num_tokens // BS - 1)]
 
     m = make()
     r = Lagging("a", list(range(12)))

@@ -31,10 +31,10 @@ impl BlockManager {
         };
         for &(id, tokens) in batch {
             let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
-            let start = request.tokens.len();
+            let start = request.len;
             let outcome = self.append_to(&mut st.pool, &mut st.cache, request, tokens)?;
             out.slot_mapping
-                .extend(self.slots(request, start..request.tokens.len()));
+                .extend(self.slots(request, start..request.len));
             out.requests.push(outcome);
         }
         Ok(out)

@@ -13,7 +13,14 @@ impl BlockManager {
         let n = self.config.num_blocks;
         let mut refs = vec![0u32; n];
         for (id, r) in &st.requests {
-            let holding = self.blocks_for(r.tokens.len());
+            let holding = self.blocks_for(r.len);
+            if r.tokens.len() > r.len || (r.tokens.len() < r.len && !r.caller_hashed) {
+                return Err(format!(
+                    "request {id} knows {} of its {} tokens",
+                    r.tokens.len(),
+                    r.len
+                ));
+            }
             if r.blocks.len() < holding {
                 return Err(format!("request {id} has too few blocks"));
             }
@@ -27,18 +34,25 @@ impl BlockManager {
                     ));
                 }
             }
-            let mut chain = Vec::new();
             let upto = r.num_computed / self.config.block_size;
-            if self.config.enable_prefix_caching {
-                let mut buf = Vec::new();
-                self.prefixes
-                    .hasher
-                    .extend_chain(&r.tokens, &r.keys, upto, &mut chain, &mut buf);
-            }
-            if chain != r.hashes {
-                return Err(format!(
-                    "request {id}: stored hashes differ from its tokens' chain"
-                ));
+            if r.caller_hashed {
+                // The caller's hasher may differ from the manager's: only the count is known.
+                if r.hashes.len() > upto {
+                    return Err(format!("request {id}: hashes past its computed blocks"));
+                }
+            } else {
+                let mut chain = Vec::new();
+                if self.config.enable_prefix_caching {
+                    let mut buf = Vec::new();
+                    self.prefixes
+                        .hasher
+                        .extend_chain(&r.tokens, &r.keys, upto, &mut chain, &mut buf);
+                }
+                if chain != r.hashes {
+                    return Err(format!(
+                        "request {id}: stored hashes differ from its tokens' chain"
+                    ));
+                }
             }
             for (i, h) in r.hashes.iter().enumerate() {
                 if let Some(bh) = st.cache.slots[r.blocks[i] as usize].hash {

@@ -38,7 +38,7 @@ pub use self::outcomes::{
 pub use crate::prefix_cache::PrefixMatch;
 
 use self::pool::Pool;
-use crate::config::CacheConfig;
+use crate::config::{BlockHashKind, CacheConfig};
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
@@ -61,7 +61,11 @@ pub struct BlockManager {
 
 #[derive(Debug, Clone)]
 struct Request {
+    /// The leading token ids the manager knows: all of them, unless a
+    /// caller-hashed commit went past them ([`BlockManager::commit_hashed`]).
     tokens: Vec<TokenId>,
+    /// Tokens the request holds (`tokens.len()` or more).
+    len: usize,
     blocks: Vec<BlockId>,
     /// Hashes of the leading full computed blocks (indexed or duplicate).
     hashes: Vec<BlockHash>,
@@ -70,6 +74,9 @@ struct Request {
     /// How the blocks it stores are kept, as the policy decided at admission.
     retention: Retention,
     keys: Arc<KeyDigest>,
+    /// Keyed by the caller's block hashes ([`BlockManager::admit_hashed`]):
+    /// the manager never hashes its tokens.
+    caller_hashed: bool,
 }
 
 /// A checked prompt with what admitting it needs ([`BlockManager::prepare`]).
@@ -82,6 +89,8 @@ pub(crate) struct Prompt {
     pub(crate) hit_limit: usize,
     /// Blocks the request holds once admitted.
     needed: usize,
+    /// Whether `hashes` are the caller's.
+    caller_hashed: bool,
 }
 
 /// Everything under the manager's lock, in parts that calls borrow apart:
@@ -150,9 +159,95 @@ impl BlockManager {
         self.admit_prepared(id, tokens, opts, &prompt)
     }
 
+    /// [`BlockManager::admit`] keyed by the caller's block hashes: `hashes`
+    /// names the full blocks of `tokens`, one each, as the engine hashed
+    /// them ([`BlockManager::engine_block_hash`] of vLLM's digests), and the
+    /// manager never hashes this request's tokens. The lookup reads them
+    /// all; what is indexed at once is the hit under chunked prefill, else
+    /// every full block. Later blocks are indexed by
+    /// [`BlockManager::commit_hashed`] with their hashes (from the first one
+    /// not indexed); `append` and `commit` leave them unindexed.
+    ///
+    /// Caller hashes and the manager's own share one index, so they must
+    /// name equal prefixes alike: they are taken only under an
+    /// engine-compatible [`CacheConfig::block_hash`] (`sha256_cbor`,
+    /// `xxhash_cbor`), whose chain the manager computes as vLLM does, and
+    /// without `verify_tokens`; otherwise, and for a count other than
+    /// `tokens.len() / block_size`, [`Error::InvalidArgument`] and nothing
+    /// changes.
+    pub fn admit_hashed(
+        &self,
+        id: RequestId,
+        tokens: &[TokenId],
+        hashes: &[BlockHash],
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        self.check_caller_hashes()?;
+        let full = tokens.len() / self.config.block_size;
+        if hashes.len() != full {
+            return Err(Error::InvalidArgument(format!(
+                "{} block hashes for {full} full blocks",
+                hashes.len()
+            )));
+        }
+        let mut prompt = self.prepare_keyed(tokens, opts, Some(hashes))?;
+        prompt.caller_hashed = true;
+        self.admit_prepared(id, tokens, opts, &prompt)
+    }
+
+    /// The manager's name for one block digest of the engine's hasher
+    /// (vLLM's `request.block_hashes` entries): its last 16 bytes,
+    /// big-endian, as the manager derives its own `sha256_cbor` and
+    /// `xxhash_cbor` hashes, so events carry vLLM's external hashes. The
+    /// digest is 32 bytes under `sha256_cbor`, 16 under `xxhash_cbor`;
+    /// [`Error::InvalidArgument`] for another length or under `xxh3`.
+    pub fn engine_block_hash(&self, digest: &[u8]) -> Result<BlockHash> {
+        self.check_caller_hashes()?;
+        let want = match self.config.block_hash {
+            BlockHashKind::Sha256Cbor => 32,
+            _ => 16,
+        };
+        if digest.len() != want {
+            return Err(Error::InvalidArgument(format!(
+                "a {} block digest has {want} bytes, got {}",
+                self.config.block_hash.name(),
+                digest.len()
+            )));
+        }
+        let tail: [u8; 16] = digest[want - 16..].try_into().expect("16 bytes");
+        Ok(BlockHash(u128::from_be_bytes(tail)))
+    }
+
+    /// Refuses caller hashes where they could not equal the manager's own.
+    fn check_caller_hashes(&self) -> Result<()> {
+        if self.config.block_hash == BlockHashKind::Xxh3 {
+            return Err(Error::InvalidArgument(
+                "caller block hashes need block_hash 'sha256_cbor' or 'xxhash_cbor' \
+                 (the 'xxh3' chain is the library's own, unlike any engine's)"
+                    .into(),
+            ));
+        }
+        if self.config.verify_tokens {
+            return Err(Error::InvalidArgument(
+                "caller block hashes cannot be used with verify_tokens".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a prompt and computes, before the state lock is taken, what
     /// admitting it needs: its key digest, its chain and its hit cap.
     pub(crate) fn prepare(&self, tokens: &[TokenId], opts: &AdmitOptions) -> Result<Prompt> {
+        self.prepare_keyed(tokens, opts, None)
+    }
+
+    /// [`BlockManager::prepare`] with the chain `hashes` when the caller gives it.
+    fn prepare_keyed(
+        &self,
+        tokens: &[TokenId],
+        opts: &AdmitOptions,
+        hashes: Option<&[BlockHash]>,
+    ) -> Result<Prompt> {
         if tokens.is_empty() {
             return Err(Error::EmptyInput(
                 "a request needs at least one prompt token",
@@ -171,7 +266,11 @@ impl BlockManager {
         }
         opts.keys.check(self.config.num_tokens())?;
         let keys = self.prefixes.hasher.digest(&opts.keys);
-        let hashes = self.prefixes.chain(tokens, &keys);
+        let hashes = match hashes {
+            Some(h) if self.config.enable_prefix_caching => h.to_vec(),
+            Some(_) => Vec::new(),
+            None => self.prefixes.chain(tokens, &keys),
+        };
         let hit_limit = if self.config.cap_hit_at_last_token {
             (tokens.len() - 1) / self.config.block_size
         } else {
@@ -182,6 +281,7 @@ impl BlockManager {
             hashes,
             hit_limit,
             needed,
+            caller_hashed: false,
         })
     }
 
@@ -234,6 +334,7 @@ impl BlockManager {
         };
         let mut request = Request {
             tokens: tokens.to_vec(),
+            len: tokens.len(),
             blocks,
             // The precomputed chain is kept only up to what is hashed and indexed below.
             hashes: hashes.iter().take(num_computed / bs).copied().collect(),
@@ -241,6 +342,7 @@ impl BlockManager {
             chunked: opts.chunked_prefill,
             retention,
             keys: Arc::clone(&prompt.keys),
+            caller_hashed: prompt.caller_hashed,
         };
         self.index_blocks(&mut st.cache, &mut request, 0);
         let admission = Admission {
@@ -292,6 +394,24 @@ impl BlockManager {
         }
     }
 
+    /// Longest cached prefix named by the caller's block hashes (see
+    /// [`BlockManager::admit_hashed`]), without admitting anything or taking
+    /// references. Needs no tokens, and reads `hashes` only up to the first
+    /// miss: [`Error::InvalidArgument`] where caller hashes are refused.
+    pub fn match_hashes(&self, hashes: impl IntoIterator<Item = BlockHash>) -> Result<PrefixMatch> {
+        self.check_caller_hashes()?;
+        let block_ids = if self.config.enable_prefix_caching {
+            let keys = hashes.into_iter().map(|h| (h, None));
+            self.prefixes.index.leading_run(keys)
+        } else {
+            Vec::new()
+        };
+        Ok(PrefixMatch {
+            num_tokens: block_ids.len() * self.config.block_size,
+            block_ids,
+        })
+    }
+
     /// The cached leading blocks of `tokens`, whose chain is `hashes`.
     pub(crate) fn cached_run(&self, tokens: &[TokenId], hashes: &[BlockHash]) -> Vec<BlockId> {
         self.prefixes.lookup(tokens, hashes, usize::MAX)
@@ -318,7 +438,10 @@ impl BlockManager {
     ) -> Result<AppendOutcome> {
         let new_len = appended_len(request, tokens)?;
         let outcome = self.make_room(pool, cache, request, new_len)?;
-        request.tokens.extend_from_slice(tokens);
+        if request.tokens.len() == request.len {
+            request.tokens.extend_from_slice(tokens);
+        }
+        request.len = new_len;
         if !request.chunked {
             request.num_computed = new_len;
             let first = request.hashes.len();
@@ -334,20 +457,73 @@ impl BlockManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
-        if num_computed_tokens > request.tokens.len() {
-            return Err(Error::InvalidArgument(format!(
-                "cannot commit {num_computed_tokens} tokens of a {}-token request",
-                request.tokens.len()
-            )));
-        }
-        if num_computed_tokens < request.num_computed {
-            return Err(Error::InvalidArgument(format!(
-                "commit moves backwards: {num_computed_tokens} < {} already computed",
-                request.num_computed
-            )));
-        }
+        self.check_commit(request, num_computed_tokens)?;
         request.num_computed = num_computed_tokens;
         let first = request.hashes.len();
+        self.index_blocks(&mut st.cache, request, first);
+        Ok(())
+    }
+
+    /// [`BlockManager::commit`] of a request admitted with
+    /// [`BlockManager::admit_hashed`], indexing its blocks that become full
+    /// and computed under the caller's `hashes`: one for each full block
+    /// among the first `num_computed_tokens` tokens past those indexed
+    /// before. The commit may reach past the request's tokens into its
+    /// reserved room ([`BlockManager::reserve`]): those positions become
+    /// tokens whose ids the manager does not know, so the engine never has
+    /// to pass them. Not while events are on (they carry token ids): append
+    /// the tokens first.
+    ///
+    /// Fails, changing nothing, with [`Error::InvalidArgument`] for another
+    /// count of hashes, a commit past the room or backwards, or a request
+    /// the manager hashes itself.
+    pub fn commit_hashed(
+        &self,
+        id: RequestId,
+        num_computed_tokens: usize,
+        hashes: &[BlockHash],
+    ) -> Result<()> {
+        let n = num_computed_tokens;
+        let bs = self.config.block_size;
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
+        let bad = |m: String| Err(Error::InvalidArgument(m));
+        if !request.caller_hashed {
+            return bad(format!(
+                "request {id} was admitted without caller block hashes: commit it without them"
+            ));
+        }
+        let room = request.blocks.len() * bs;
+        if n > room {
+            return bad(format!(
+                "cannot commit {n} tokens of a request with {room} slots"
+            ));
+        }
+        if n > request.tokens.len() && self.config.enable_events {
+            return bad(format!(
+                "events carry token ids: append the tokens up to {n} before committing them"
+            ));
+        }
+        if n < request.num_computed {
+            return bad(format!(
+                "commit moves backwards: {n} < {} already computed",
+                request.num_computed
+            ));
+        }
+        let want = (n / bs).saturating_sub(request.hashes.len());
+        if self.config.enable_prefix_caching && hashes.len() != want {
+            return bad(format!(
+                "{} block hashes for the {want} blocks this commit makes full",
+                hashes.len()
+            ));
+        }
+        request.len = request.len.max(n);
+        request.num_computed = n;
+        let first = request.hashes.len();
+        if self.config.enable_prefix_caching {
+            request.hashes.extend_from_slice(hashes);
+        }
         self.index_blocks(&mut st.cache, request, first);
         Ok(())
     }
@@ -366,7 +542,7 @@ impl BlockManager {
             .get(&parent)
             .ok_or(Error::UnknownRequest(parent))?;
         let mut c = p.clone();
-        c.blocks.truncate(self.blocks_for(p.tokens.len()));
+        c.blocks.truncate(self.blocks_for(p.len));
         for &b in &c.blocks {
             st.pool.acquire(&mut st.cache, b);
         }
@@ -434,12 +610,7 @@ impl BlockManager {
     /// Tokens (prompt and appended) of request `id`.
     pub fn num_tokens(&self, id: RequestId) -> Result<usize> {
         let st = self.state.lock();
-        Ok(st
-            .requests
-            .get(&id)
-            .ok_or(Error::UnknownRequest(id))?
-            .tokens
-            .len())
+        Ok(st.requests.get(&id).ok_or(Error::UnknownRequest(id))?.len)
     }
 
     /// Tokens of request `id` whose KV is written: its length without
@@ -459,7 +630,7 @@ impl BlockManager {
     pub fn capacity(&self, id: RequestId) -> Result<usize> {
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
-        Ok(request.blocks.len() * self.config.block_size - request.tokens.len())
+        Ok(request.blocks.len() * self.config.block_size - request.len)
     }
 
     /// Grows request `id`'s table so it has room for `total_slots` token
@@ -534,7 +705,7 @@ impl BlockManager {
                 total: self.config.num_blocks,
             });
         }
-        let len = request.tokens.len();
+        let len = request.len;
         let tail = len / bs;
         Ok(Growth {
             grow: needed.saturating_sub(request.blocks.len()),
@@ -609,6 +780,15 @@ impl BlockManager {
             used_blocks: self.config.num_blocks as u64 - free,
             ..self.prefixes.stats(&st.cache)
         }
+    }
+
+    /// How many requests hold `block` (0 for a free one): vLLM's `ref_cnt`.
+    /// [`Error::InvalidBlock`] for an id outside the cache.
+    pub fn ref_count(&self, block: BlockId) -> Result<u32> {
+        if block as usize >= self.config.num_blocks {
+            return Err(Error::InvalidBlock(block));
+        }
+        Ok(self.state.lock().pool.ref_count(block))
     }
 
     /// Blocks no request holds.
@@ -714,24 +894,47 @@ impl BlockManager {
             .unwrap_or_default()
     }
 
+    /// Checks that a commit of `n` tokens moves `request` forward within its tokens.
+    fn check_commit(&self, request: &Request, n: usize) -> Result<()> {
+        if n > request.len {
+            return Err(Error::InvalidArgument(format!(
+                "cannot commit {n} tokens of a {}-token request",
+                request.len
+            )));
+        }
+        if n < request.num_computed {
+            return Err(Error::InvalidArgument(format!(
+                "commit moves backwards: {n} < {} already computed",
+                request.num_computed
+            )));
+        }
+        Ok(())
+    }
+
     /// Hashes and indexes the request's full computed blocks from block
     /// `first` on; the hashes of blocks before `request.hashes.len()` are
-    /// known already.
+    /// known already. A caller-hashed request is indexed only as far as
+    /// the caller's hashes go.
     fn index_blocks(&self, cache: &mut CacheState, request: &mut Request, first: usize) {
         if !self.config.enable_prefix_caching {
             return;
         }
-        let full = request.num_computed / self.config.block_size;
+        let mut full = request.num_computed / self.config.block_size;
+        if request.caller_hashed {
+            full = full.min(request.hashes.len());
+        }
         if full <= first {
             return;
         }
-        self.prefixes.hasher.extend_chain(
-            &request.tokens,
-            &request.keys,
-            full,
-            &mut request.hashes,
-            &mut cache.buf,
-        );
+        if !request.caller_hashed {
+            self.prefixes.hasher.extend_chain(
+                &request.tokens,
+                &request.keys,
+                full,
+                &mut request.hashes,
+                &mut cache.buf,
+            );
+        }
         self.prefixes.store_chain(
             cache,
             &request.tokens,
@@ -760,8 +963,7 @@ fn appended_len(request: &Request, tokens: &[TokenId]) -> Result<usize> {
         return Err(Error::EmptyInput("append needs at least one token"));
     }
     request
-        .tokens
-        .len()
+        .len
         .checked_add(tokens.len())
         .ok_or_else(|| Error::InvalidArgument("sequence length overflows".into()))
 }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::config::CacheConfig;
+use super::digests;
 use super::errors;
 use super::events;
 use super::extra_keys;
@@ -92,7 +93,17 @@ impl BlockManager {
     /// otherwise the whole prompt counts as computed at once, and its blocks
     /// are shared before their KV is written: engines that admit from
     /// several threads (or while a step runs) must use ``chunked_prefill``.
-    #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false))]
+    ///
+    /// ``block_hashes`` (a list of ``bytes``, one per full block of
+    /// ``tokens``: vLLM's ``request.block_hashes``) keys the request by the
+    /// engine's digests instead of hashing its tokens. With
+    /// ``chunked_prefill`` only the hit is indexed at once; later blocks are
+    /// indexed by ``commit(..., block_hashes=...)``. Only under
+    /// ``block_hash="sha256_cbor"`` (32-byte digests) or ``"xxhash_cbor"``
+    /// (16 bytes), where the manager's own chain is vLLM's, so both name a
+    /// prefix alike; ``ValueError`` otherwise and for a wrong digest length
+    /// or count, ``TypeError`` for an item that is not ``bytes``.
+    #[pyo3(signature = (request_id, tokens, *, decode_slots = 0, extra_keys = None, salt = None, chunked_prefill = false, block_hashes = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit(
         &self,
@@ -103,7 +114,24 @@ impl BlockManager {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
         chunked_prefill: bool,
+        block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
+        if let Some(digests) = block_hashes {
+            let hashes = digests::block_hashes(&self.inner, digests)?;
+            let key = Key::extract(request_id)?;
+            let opts = AdmitOptions {
+                decode_slots,
+                keys: extra_keys::extract(extra_keys, salt)?,
+                chunked_prefill,
+            };
+            let admitted = self
+                .ids
+                .create(&key, |id| {
+                    self.inner.admit_hashed(id, &tokens, &hashes, &opts)
+                })
+                .map_err(|e| self.api().err(e))?;
+            return Ok(Admission::new(py, admitted));
+        }
         let admitted = self.api().admit(
             py,
             request_id,
@@ -130,6 +158,19 @@ impl BlockManager {
         let found = keyed(py, &tokens, extra_keys, salt, |k| {
             self.inner.match_prefix(&tokens, k)
         })?;
+        Ok(PrefixMatch::new(py, found))
+    }
+
+    /// The longest cached prefix named by ``block_hashes`` (the engine's
+    /// ``bytes`` digests, as for ``admit``), without admitting anything or
+    /// taking references; no tokens are needed. Digests past the first miss
+    /// are not read. Raises as ``admit`` does for digests it refuses.
+    fn match_block_hashes(
+        &self,
+        py: Python<'_>,
+        block_hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<PrefixMatch> {
+        let found = digests::match_leading(&self.inner, block_hashes)?;
         Ok(PrefixMatch::new(py, found))
     }
 
@@ -165,13 +206,29 @@ impl BlockManager {
     /// Reports that the first ``num_computed_tokens`` tokens of
     /// ``request_id`` have their KV written (chunked prefill); full blocks
     /// among them become shareable. Progress only moves forward.
+    ///
+    /// A request admitted with ``block_hashes`` gives here the digests of
+    /// the blocks this call makes full, one each, past those indexed before
+    /// (``ValueError`` for another count, or for digests given to a request
+    /// the manager hashes itself); without them its new blocks stay
+    /// unindexed.
+    #[pyo3(signature = (request_id, num_computed_tokens, *, block_hashes = None))]
     fn commit(
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] num_computed_tokens: usize,
+        block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        self.api().commit(py, request_id, num_computed_tokens)
+        match block_hashes {
+            None => self.api().commit(py, request_id, num_computed_tokens),
+            Some(digests) => {
+                let hashes = digests::block_hashes(&self.inner, digests)?;
+                self.api().on(request_id, |m, id| {
+                    m.commit_hashed(id, num_computed_tokens, &hashes)
+                })
+            }
+        }
     }
 
     /// Creates request ``child`` sharing every block of ``parent`` that holds
@@ -466,6 +523,13 @@ impl BlockManager {
             Err(Error::BlocksInUse(_)) => Ok(false),
             Err(e) => Err(errors::to_py(e)),
         }
+    }
+
+    /// How many requests hold ``block_id`` (0 when free): vLLM's
+    /// ``KVCacheBlock.ref_cnt``. ``ValueError`` for an id outside the cache.
+    fn ref_count(&self, #[pyo3(from_py_with = ints::size)] block_id: usize) -> PyResult<u32> {
+        let block = u32::try_from(block_id).unwrap_or(u32::MAX);
+        self.inner.ref_count(block).map_err(errors::to_py)
     }
 
     /// Blocks no request holds.

@@ -3,6 +3,7 @@
 //! one place ([`errors`]).
 
 mod config;
+mod digests;
 mod dlpack;
 mod errors;
 mod events;

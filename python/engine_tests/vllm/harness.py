@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from vllm.config import (
@@ -192,8 +192,11 @@ def make_request(
     priority: int = 0,
     arrival_time: float = 0.0,
     prompt_logprobs: Optional[int] = None,
+    **extra: Any,
 ) -> Request:
-    """A vLLM ``Request`` with vLLM's own block hasher (as the engine builds it)."""
+    """A vLLM ``Request`` with vLLM's own block hasher (as the engine builds it);
+    ``extra``: more ``Request`` keywords (``lora_request``, ``cache_salt``,
+    ``mm_features``)."""
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
@@ -208,6 +211,7 @@ def make_request(
         block_hasher=get_request_block_hasher(block_size, sha256),
         priority=priority,
         arrival_time=arrival_time,
+        **extra,
     )
 
 

@@ -13,7 +13,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import KVConnectorOutput
 
 import mla_cache.vllm as ours
-from mla_cache import CacheConfig, PrefixCache
+from mla_cache import CacheConfig
 from harness import Driver, RequestStatus, decisions, make_request, make_scheduler
 
 BS = 16
@@ -310,8 +310,10 @@ def test_events_go_out_through_vllms_publisher_and_decode_as_its_classes(tmp_pat
     batch = msgspec.msgpack.Decoder(type=KVEventBatch).decode(frames[2])
     stored, removed = batch.events
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
-    # The same 64-bit external hashes every mla_cache surface shows.
-    assert stored.block_hashes == PrefixCache(km.manager.config).block_hashes(tokens)
+    # vLLM's own 64-bit external hashes of the request's digests.
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    assert stored.block_hashes == [maybe_convert_block_hash(h) for h in r.block_hashes[:3]]
     assert all(0 <= h < 1 << 64 for h in stored.block_hashes)
     assert stored.token_ids == tokens[: 3 * BS] and stored.parent_block_hash is None
     assert stored.kv_cache_spec_kind == "mla_attention"
