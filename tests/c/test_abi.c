@@ -1225,7 +1225,7 @@ static void test_indexer_store(void) {
     CHECK(scale == 1.0f / 128.0f);
 
     /* Copy-on-write moves the keys too. */
-    MlaBlockCopy copy = {6, 3};
+    MlaBlockCopy copy = {6, 3, 0};
     OK(mla_store_copy_blocks(store, &copy, 1, NULL));
     MlaBlockId copied[1] = {3};
     MlaMatrix o4 = {out, MLA_ELEM_TYPE_F32, BS, H, 0};

@@ -302,7 +302,7 @@ static void test_fixed_width_enums(void) {
     MlaConfig *config = NULL;
     OK(mla_config_create(4, &config));
     OK(mla_config_set_dtype(config, dtype));
-    EXPECT(mla_config_set_dtype(config, 3), MLA_STATUS_INVALID_CONFIG);
+    EXPECT(mla_config_set_dtype(config, 4), MLA_STATUS_INVALID_CONFIG);
     int32_t status = mla_config_set_dtype(config, 7);
     CHECK(strcmp(mla_status_name(status), "MLA_STATUS_INVALID_CONFIG") == 0);
     OK(mla_config_destroy(config));
