@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use mla_cache::{
     AdmitOptions, BlockHashKind, BlockManager, CacheConfig, EvictionPolicyKind, ExtraKeys,
 };
@@ -188,6 +188,46 @@ fn per_policy(c: &mut Criterion) {
     g.finish();
 }
 
+/// The long-prompt workload of a production trace, per policy: admit+free
+/// (hashing included) of 12,000-token prompts (188 blocks), each one of 64
+/// shared 4,096-token prefixes followed by a fresh tail, in a 16,384-block
+/// cache that, once full, evicts about 124 blocks on every admission.
+/// Criterion's time divided by 188 is the cost per block.
+fn long_prompt(c: &mut Criterion) {
+    const LONG: usize = 12_000;
+    const SHARED: usize = 4_096;
+    let mut g = c.benchmark_group("manager_long_prompt");
+    for kind in EvictionPolicyKind::ALL {
+        let mut config = CacheConfig::new(16_384);
+        config.hash_seed = Some(1);
+        config.eviction = kind;
+        let m = BlockManager::new(config).unwrap();
+        let mut i = 0u32;
+        let mut next_prompt = || {
+            i = i.wrapping_add(1);
+            let prefix = i.wrapping_mul(2_654_435_761) % 64;
+            (0..LONG as u32)
+                .map(|j| match j < SHARED as u32 {
+                    true => prefix * SHARED as u32 + j,
+                    false => (1 << 30) + i.wrapping_mul(LONG as u32) + j,
+                })
+                .collect::<Vec<u32>>()
+        };
+        g.bench_function(format!("admit_free_12000_evicting/{kind}"), |b| {
+            // The prompt is made outside the timed part.
+            b.iter_batched_ref(
+                &mut next_prompt,
+                |p| {
+                    m.admit(1, black_box(p), &AdmitOptions::default()).unwrap();
+                    m.free(1).unwrap();
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+}
+
 /// Hashing a 4,096-token prompt (64 blocks of 64) with each block hash kind.
 fn per_block_hash(c: &mut Criterion) {
     let tokens: Vec<u32> = (0..4096).map(|t| t * 37 % 150_000).collect();
@@ -210,6 +250,7 @@ criterion_group!(
     single_thread,
     two_threads,
     per_policy,
+    long_prompt,
     per_block_hash
 );
 criterion_main!(benches);

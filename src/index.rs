@@ -13,7 +13,7 @@ use std::ops::{Deref, DerefMut};
 
 use crate::hash::BlockHash;
 use crate::ids::{BlockId, TokenId};
-use crate::sync::RwLock;
+use crate::sync::{RwLock, WriteGuard};
 
 #[cfg(not(loom))]
 const SHARDS: usize = 16;
@@ -133,32 +133,15 @@ impl PrefixIndex {
         Some((entry.block, same))
     }
 
-    /// Indexes `block` under `hash` unless another block already is; returns
-    /// whether it was inserted.
-    pub(crate) fn insert(
-        &self,
-        shard: u8,
-        hash: BlockHash,
-        block: BlockId,
-        tokens: Option<&[TokenId]>,
-    ) -> bool {
-        let mut shard = self.shards[shard as usize].write();
-        if shard.contains_key(&hash) {
-            return false;
+    /// Write access for a batch of inserts and removals: it holds one
+    /// shard's write lock at a time, from the first call on that shard to
+    /// the first call on another (or its drop), so a chain's blocks cost one
+    /// lock round trip, not one each.
+    pub(crate) fn writer(&self) -> IndexWriter<'_> {
+        IndexWriter {
+            index: self,
+            held: None,
         }
-        shard.insert(
-            hash,
-            Entry {
-                block,
-                tokens: tokens.map(Box::from),
-            },
-        );
-        true
-    }
-
-    /// Drops the entry of `hash` from `shard`.
-    pub(crate) fn remove(&self, shard: u8, hash: BlockHash) {
-        self.shards[shard as usize].write().remove(&hash);
     }
 
     /// Number of indexed blocks.
@@ -177,5 +160,53 @@ impl PrefixIndex {
                     .collect::<Vec<_>>()
             })
             .collect()
+    }
+}
+
+/// Batched write access to a [`PrefixIndex`] ([`PrefixIndex::writer`]).
+pub(crate) struct IndexWriter<'a> {
+    index: &'a PrefixIndex,
+    held: Option<(u8, WriteGuard<'a, Shard>)>,
+}
+
+impl IndexWriter<'_> {
+    /// The map of `shard`, write-locked (the lock of another shard held
+    /// before is released first: one shard at a time).
+    fn shard(&mut self, shard: u8) -> &mut Map {
+        if self.held.as_ref().is_some_and(|(s, _)| *s != shard) {
+            self.held = None;
+        }
+        let (_, guard) = self
+            .held
+            .get_or_insert_with(|| (shard, self.index.shards[shard as usize].write()));
+        &mut guard.0
+    }
+
+    /// Indexes `block` under `hash` unless another block already is; returns
+    /// whether it was inserted.
+    pub(crate) fn insert(
+        &mut self,
+        shard: u8,
+        hash: BlockHash,
+        block: BlockId,
+        tokens: Option<&[TokenId]>,
+    ) -> bool {
+        let map = self.shard(shard);
+        if map.contains_key(&hash) {
+            return false;
+        }
+        map.insert(
+            hash,
+            Entry {
+                block,
+                tokens: tokens.map(Box::from),
+            },
+        );
+        true
+    }
+
+    /// Drops the entry of `hash` from `shard`.
+    pub(crate) fn remove(&mut self, shard: u8, hash: BlockHash) {
+        self.shard(shard).remove(&hash);
     }
 }

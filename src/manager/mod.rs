@@ -214,9 +214,8 @@ impl BlockManager {
             st.cache.policy.on_hit(b);
             blocks.push(b);
         }
-        for _ in 0..fresh {
-            blocks.push(st.pool.allocate(&self.prefixes, &mut st.cache));
-        }
+        st.pool
+            .allocate_many(&self.prefixes, &mut st.cache, fresh, &mut blocks);
         let cached = hits.len() * bs;
         let stats = &mut st.cache.stats;
         stats.prefix_query_tokens += tokens.len() as u64;
@@ -447,11 +446,9 @@ impl BlockManager {
             cache.stats.cow_copies += 1;
             outcome.copies.push(BlockCopy { src, dst });
         }
-        for _ in 0..grow {
-            let b = pool.allocate(&self.prefixes, cache);
-            request.blocks.push(b);
-            outcome.new_block_ids.push(b);
-        }
+        let start = request.blocks.len();
+        pool.allocate_many(&self.prefixes, cache, grow, &mut request.blocks);
+        outcome.new_block_ids = request.blocks[start..].to_vec();
         Ok(outcome)
     }
 

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Hasher, KeyDigest};
 use crate::ids::{BlockId, TokenId};
-use crate::index::PrefixIndex;
+use crate::index::{IndexWriter, PrefixIndex};
 use crate::policy::{EvictionPolicy, Retention};
 use crate::stats::CacheStats;
 
@@ -150,11 +150,12 @@ impl Prefixes {
             return;
         };
         let shard = PrefixIndex::shard_of_chain(root);
+        let mut index = self.index.writer();
         let mut run: Option<Range<usize>> = None;
         for i in range {
             let (b, hash) = (blocks[i], hashes[i]);
             let stored = st.slots[b as usize].hash.is_none()
-                && self.index.insert(shard, hash, b, self.verify(tokens, i));
+                && index.insert(shard, hash, b, self.verify(tokens, i));
             if stored {
                 let slot = &mut st.slots[b as usize];
                 slot.hash = Some(hash);
@@ -224,14 +225,18 @@ impl Prefixes {
         }
     }
 
-    /// Evicts the policy's victim, if any: its hash leaves the index (an
-    /// eviction: counted, logged, announced). The block is uncached and
-    /// unlocked; the caller owns what happens to it next.
-    pub(crate) fn evict_victim(&self, st: &mut CacheState) -> Option<BlockId> {
+    /// Evicts the policy's victim, if any: its hash leaves the index
+    /// through `index` (an eviction: counted, logged, announced). The block
+    /// is uncached and unlocked; the caller owns what happens to it next.
+    pub(crate) fn evict_victim(
+        &self,
+        st: &mut CacheState,
+        index: &mut IndexWriter<'_>,
+    ) -> Option<BlockId> {
         let b = st.policy.evict()?;
         let slot = &mut st.slots[b as usize];
         let hash = slot.hash.take().expect("evictable blocks are hashed");
-        self.index.remove(slot.shard, hash);
+        index.remove(slot.shard, hash);
         st.stats.evictions += 1;
         if let Some(log) = &mut st.evicted {
             log.push((hash, b));
@@ -263,7 +268,7 @@ impl Prefixes {
         let slot = &mut st.slots[b as usize];
         let hash = slot.hash.take()?;
         let unlocked = slot.locks == 0;
-        self.index.remove(slot.shard, hash);
+        self.index.writer().remove(slot.shard, hash);
         if unlocked {
             st.policy.remove(b);
         }
@@ -281,10 +286,11 @@ impl Prefixes {
             return Err(Error::BlocksInUse(locked));
         }
         let mut dropped = Vec::with_capacity(st.policy.len());
+        let mut index = self.index.writer();
         while let Some(b) = st.policy.evict() {
             let slot = &mut st.slots[b as usize];
             let hash = slot.hash.take().expect("evictable blocks are hashed");
-            self.index.remove(slot.shard, hash);
+            index.remove(slot.shard, hash);
             dropped.push(b);
         }
         if self.settings.events {
