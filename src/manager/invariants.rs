@@ -2,6 +2,7 @@
 //! pool here, the prefix cache's own in `prefix_cache/invariants.rs`.
 
 use super::BlockManager;
+use crate::hash::Chain;
 use crate::ids::BlockId;
 
 impl BlockManager {
@@ -27,7 +28,7 @@ impl BlockManager {
                     ));
                 }
             }
-            let mut chain = Vec::new();
+            let mut chain = Chain::default();
             let upto = r.num_computed / self.config.block_size;
             if self.config.enable_prefix_caching {
                 let mut buf = Vec::new();
@@ -35,12 +36,12 @@ impl BlockManager {
                     .hasher
                     .extend_chain(&r.tokens, &r.keys, upto, &mut chain, &mut buf);
             }
-            if chain != r.hashes {
+            if chain.hashes != r.chain.hashes {
                 return Err(format!(
                     "request {id}: stored hashes differ from its tokens' chain"
                 ));
             }
-            for (i, h) in r.hashes.iter().enumerate() {
+            for (i, h) in r.chain.hashes.iter().enumerate() {
                 if let Some(bh) = st.cache.slots[r.blocks[i] as usize].hash {
                     if bh != *h {
                         return Err(format!(

@@ -38,7 +38,7 @@ use self::pool::Pool;
 use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
-use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
+use crate::hash::{BlockHash, Chain, ExtraKeys, KeyDigest};
 use crate::ids::{BlockId, RequestId, TokenId};
 use crate::policy::{self, EvictionPolicy, Retention};
 use crate::prefix_cache::{CacheState, Prefixes};
@@ -61,7 +61,7 @@ struct Request {
     tokens: Vec<TokenId>,
     blocks: Vec<BlockId>,
     /// Hashes of the leading full computed blocks (indexed or duplicate).
-    hashes: Vec<BlockHash>,
+    chain: Chain,
     num_computed: usize,
     chunked: bool,
     /// How the blocks it stores are kept, as the policy decided at admission.
@@ -74,7 +74,7 @@ struct Request {
 pub(crate) struct Prompt {
     keys: Arc<KeyDigest>,
     /// Hashes of its full blocks.
-    pub(crate) hashes: Vec<BlockHash>,
+    pub(crate) chain: Chain,
     /// How many leading blocks a hit may cover.
     pub(crate) hit_limit: usize,
     /// Blocks the request holds once admitted.
@@ -167,15 +167,15 @@ impl BlockManager {
             });
         }
         let keys = self.prefixes.hasher.digest(&opts.keys);
-        let hashes = self.prefixes.chain(tokens, &keys);
+        let chain = self.prefixes.chain_of(tokens, &keys);
         let hit_limit = if self.config.cap_hit_at_last_token {
             (tokens.len() - 1) / self.config.block_size
         } else {
-            hashes.len()
+            chain.hashes.len()
         };
         Ok(Prompt {
             keys: Arc::new(keys),
-            hashes,
+            chain,
             hit_limit,
             needed,
         })
@@ -190,7 +190,7 @@ impl BlockManager {
         opts: &AdmitOptions,
         prompt: &Prompt,
     ) -> Result<Admission> {
-        let (hashes, needed, bs) = (&prompt.hashes, prompt.needed, self.config.block_size);
+        let (hashes, needed, bs) = (&prompt.chain.hashes, prompt.needed, self.config.block_size);
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.requests.contains_key(&id) {
@@ -229,11 +229,13 @@ impl BlockManager {
         } else {
             tokens.len()
         };
+        // The precomputed chain is kept only up to what is hashed and indexed below.
+        let mut chain = prompt.chain.clone();
+        chain.truncate(num_computed / bs);
         let mut request = Request {
             tokens: tokens.to_vec(),
             blocks,
-            // The precomputed chain is kept only up to what is hashed and indexed below.
-            hashes: hashes.iter().take(num_computed / bs).copied().collect(),
+            chain,
             num_computed,
             chunked: opts.chunked_prefill,
             retention,
@@ -283,7 +285,7 @@ impl BlockManager {
         request.tokens.extend_from_slice(tokens);
         if !request.chunked {
             request.num_computed = new_len;
-            let first = request.hashes.len();
+            let first = request.chain.hashes.len();
             self.index_blocks(&mut st.cache, request, first);
         }
         Ok(outcome)
@@ -309,7 +311,7 @@ impl BlockManager {
             )));
         }
         request.num_computed = num_computed_tokens;
-        let first = request.hashes.len();
+        let first = request.chain.hashes.len();
         self.index_blocks(&mut st.cache, request, first);
         Ok(())
     }
@@ -583,6 +585,7 @@ impl BlockManager {
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
         Ok(request
+            .chain
             .hashes
             .iter()
             .zip(&request.blocks)
@@ -625,7 +628,7 @@ impl BlockManager {
     }
 
     /// Hashes and indexes the request's full computed blocks from block
-    /// `first` on; the hashes of blocks before `request.hashes.len()` are
+    /// `first` on; the hashes of blocks before `request.chain.hashes.len()` are
     /// known already.
     fn index_blocks(&self, cache: &mut CacheState, request: &mut Request, first: usize) {
         if !self.config.enable_prefix_caching {
@@ -639,13 +642,13 @@ impl BlockManager {
             &request.tokens,
             &request.keys,
             full,
-            &mut request.hashes,
+            &mut request.chain,
             &mut cache.buf,
         );
         self.prefixes.store_chain(
             cache,
             &request.tokens,
-            &request.hashes,
+            &request.chain.hashes,
             &request.blocks,
             first..full,
             request.retention,

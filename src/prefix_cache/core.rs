@@ -15,7 +15,7 @@ use crate::config::{BlockHashKind, CacheConfig};
 use crate::engine_hash::DEFAULT_NONE_HASH_SEED;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
-use crate::hash::{BlockHash, Hasher, KeyDigest};
+use crate::hash::{BlockHash, Chain, Hasher, KeyDigest};
 use crate::ids::{BlockId, TokenId};
 use crate::index::{IndexWriter, PrefixIndex};
 use crate::policy::{EvictionPolicy, Retention};
@@ -100,7 +100,12 @@ impl Prefixes {
 
     /// Hashes of the full blocks of `tokens` (none without prefix caching).
     pub(crate) fn chain(&self, tokens: &[TokenId], keys: &KeyDigest) -> Vec<BlockHash> {
-        let mut out = Vec::new();
+        self.chain_of(tokens, keys).hashes
+    }
+
+    /// [`Prefixes::chain`] with what extending it later needs.
+    pub(crate) fn chain_of(&self, tokens: &[TokenId], keys: &KeyDigest) -> Chain {
+        let mut out = Chain::default();
         if self.settings.enabled {
             let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
             self.hasher
