@@ -2,7 +2,8 @@
 //! cached), `match_prefix` of 4,096 tokens, a one-token append, a fork; and
 //! admit+free of a cached prompt with two threads on one manager; and, per
 //! eviction policy, admit+free of prompts that share prefixes in a cache
-//! they overflow (hits, stores and evictions in every request).
+//! they overflow (hits, stores and evictions in every request), at 4,096
+//! and at 12,000 tokens (`manager_long_prompt`, timed in thread CPU).
 //!
 //! `cargo bench --bench manager`
 
@@ -188,6 +189,62 @@ fn per_policy(c: &mut Criterion) {
     g.finish();
 }
 
+/// The long-prompt workload of a production trace, per policy: admit+free
+/// (hashing included) of 12,000-token prompts (188 blocks), each one of 64
+/// shared 4,096-token prefixes followed by a fresh tail, in a 16,384-block
+/// cache that, once full, evicts about 124 blocks on every admission.
+/// Criterion's time divided by 188 is the cost per block. The time is the
+/// thread's CPU time over admit+free only (the prompt is made outside it),
+/// so other processes on a shared machine do not inflate it.
+fn long_prompt(c: &mut Criterion) {
+    const LONG: usize = 12_000;
+    const SHARED: usize = 4_096;
+    let mut g = c.benchmark_group("manager_long_prompt");
+    for kind in EvictionPolicyKind::ALL {
+        let mut config = CacheConfig::new(16_384);
+        config.hash_seed = Some(1);
+        config.eviction = kind;
+        let m = BlockManager::new(config).unwrap();
+        let mut i = 0u32;
+        let mut next_prompt = || {
+            i = i.wrapping_add(1);
+            let prefix = i.wrapping_mul(2_654_435_761) % 64;
+            (0..LONG as u32)
+                .map(|j| match j < SHARED as u32 {
+                    true => prefix * SHARED as u32 + j,
+                    false => (1 << 30) + i.wrapping_mul(LONG as u32) + j,
+                })
+                .collect::<Vec<u32>>()
+        };
+        g.bench_function(format!("admit_free_12000_evicting/{kind}"), |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let p = next_prompt();
+                    let start = thread_cpu_time();
+                    m.admit(1, black_box(&p), &AdmitOptions::default()).unwrap();
+                    m.free(1).unwrap();
+                    spent += thread_cpu_time() - start;
+                }
+                spent
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The calling thread's CPU time.
+fn thread_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0, "clock_gettime");
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// Hashing a 4,096-token prompt (64 blocks of 64) with each block hash kind.
 fn per_block_hash(c: &mut Criterion) {
     let tokens: Vec<u32> = (0..4096).map(|t| t * 37 % 150_000).collect();
@@ -210,6 +267,7 @@ criterion_group!(
     single_thread,
     two_threads,
     per_policy,
+    long_prompt,
     per_block_hash
 );
 criterion_main!(benches);

@@ -128,6 +128,38 @@ const TAG_ADAPTER: u8 = 1;
 const TAG_SALT: u8 = 2;
 const TAG_MM: u8 = 3;
 
+/// A chain of block hashes as it is extended block by block, with what the
+/// next block needs of the last one beyond its 128 bits: under
+/// `sha256_cbor`, its whole 32-byte digest (kept, so a decode block costs one
+/// digest, not the chain's from its start).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Chain {
+    /// The hashes of the leading full blocks.
+    pub(crate) hashes: Vec<BlockHash>,
+    /// The engine digest of the last of `hashes`, under an engine kind
+    /// (`None`: recomputed from the start when needed).
+    last_digest: Option<EngineDigest>,
+}
+
+impl Chain {
+    /// A chain of hashes the caller computed (no engine digest kept: the
+    /// manager never extends it).
+    pub(crate) fn from_hashes(hashes: Vec<BlockHash>) -> Self {
+        Self {
+            hashes,
+            last_digest: None,
+        }
+    }
+
+    /// Keeps the first `n` hashes.
+    pub(crate) fn truncate(&mut self, n: usize) {
+        if n < self.hashes.len() {
+            self.hashes.truncate(n);
+            self.last_digest = None;
+        }
+    }
+}
+
 /// Computes block hashes for one manager (one seed).
 #[derive(Debug, Clone)]
 pub(crate) struct Hasher {
@@ -215,20 +247,21 @@ impl Hasher {
         BlockHash(xxh3_128_with_seed(buf, self.seed))
     }
 
-    /// Appends to `out` the hashes of full blocks `out.len()..` of `tokens`,
-    /// up to `limit` blocks in all.
+    /// Appends to `chain` the hashes of full blocks `chain.hashes.len()..`
+    /// of `tokens`, up to `limit` blocks in all.
     pub(crate) fn extend_chain(
         &self,
         tokens: &[TokenId],
         keys: &KeyDigest,
         limit: usize,
-        out: &mut Vec<BlockHash>,
+        chain: &mut Chain,
         buf: &mut Vec<u8>,
     ) {
         let full = (tokens.len() / self.block_size).min(limit);
+        let out = &mut chain.hashes;
         out.reserve(full.saturating_sub(out.len()));
         if let Some(engine_keys) = &keys.engine {
-            return self.extend_engine_chain(tokens, engine_keys, full, out, buf);
+            return self.extend_engine_chain(tokens, engine_keys, full, chain, buf);
         }
         for i in out.len()..full {
             let parent = if i == 0 { self.root } else { out[i - 1] };
@@ -240,16 +273,17 @@ impl Hasher {
 
 impl Hasher {
     /// [`Hasher::extend_chain`] for vLLM's kinds. A 16-byte digest is the
-    /// block hash itself; a SHA-256 parent is recomputed from the chain's
-    /// start, as the manager keeps only 128 bits of it.
+    /// block hash itself; a SHA-256 parent is the chain's last digest, or,
+    /// when the chain does not have it, recomputed from the chain's start.
     fn extend_engine_chain(
         &self,
         tokens: &[TokenId],
         keys: &ExtraKeys,
         full: usize,
-        out: &mut Vec<BlockHash>,
+        chain: &mut Chain,
         buf: &mut Vec<u8>,
     ) {
+        let out = &mut chain.hashes;
         let b = self.block_size;
         let mut block = |parent: &EngineDigest, i: usize| {
             engine_hash::block(
@@ -264,6 +298,7 @@ impl Hasher {
         let mut parent = match (out.last(), self.kind) {
             (None, _) => self.none_hash,
             (Some(&last), BlockHashKind::XxhashCbor) => EngineDigest::from_xxh3(last),
+            (Some(_), _) if chain.last_digest.is_some() => chain.last_digest.expect("checked"),
             (Some(_), _) => {
                 let mut d = self.none_hash;
                 for i in 0..out.len() {
@@ -272,10 +307,14 @@ impl Hasher {
                 d
             }
         };
+        if out.len() >= full {
+            return;
+        }
         for i in out.len()..full {
             parent = block(&parent, i);
             out.push(parent.block_hash());
         }
+        chain.last_digest = Some(parent);
     }
 }
 
@@ -301,7 +340,7 @@ mod tests {
     use super::*;
 
     fn chain(h: &Hasher, tokens: &[u32], keys: &ExtraKeys) -> Vec<BlockHash> {
-        let mut out = Vec::new();
+        let mut out = Chain::default();
         h.extend_chain(
             tokens,
             &h.digest(keys),
@@ -309,7 +348,7 @@ mod tests {
             &mut out,
             &mut Vec::new(),
         );
-        out
+        out.hashes
     }
 
     #[test]
@@ -351,6 +390,33 @@ mod tests {
         assert_eq!(img[0], base[0], "image starts in block 1");
         assert_ne!(img[1], base[1]);
         assert_ne!(img[1], chain(&h, &tokens, &image("dog"))[1]);
+    }
+
+    #[test]
+    fn a_chain_extended_block_by_block_equals_one_hashed_at_once() {
+        let tokens: Vec<u32> = (0..40).map(|t| t * 7 % 23).collect();
+        let keys = ExtraKeys::salt("s");
+        for kind in BlockHashKind::ALL {
+            let h = Hasher::with_kind(kind, "seed", 3, 4);
+            let digest = h.digest(&keys);
+            let whole = chain(&h, &tokens, &keys);
+            let mut grown = Chain::default();
+            for end in (0..=tokens.len()).step_by(3) {
+                h.extend_chain(
+                    &tokens[..end],
+                    &digest,
+                    usize::MAX,
+                    &mut grown,
+                    &mut Vec::new(),
+                );
+            }
+            h.extend_chain(&tokens, &digest, usize::MAX, &mut grown, &mut Vec::new());
+            assert_eq!(grown.hashes, whole, "{kind}");
+            // Cut back, the chain regrows to the same hashes without its last digest.
+            grown.truncate(3);
+            h.extend_chain(&tokens, &digest, usize::MAX, &mut grown, &mut Vec::new());
+            assert_eq!(grown.hashes, whole, "{kind} after truncate");
+        }
     }
 
     #[test]

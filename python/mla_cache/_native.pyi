@@ -10,9 +10,10 @@ import numpy.typing as npt
 RequestId = Union[int, str]
 """A request id: an ``int`` in ``0 .. 2**63`` or a ``str``."""
 
-TokenIds = Union[Sequence[int], npt.NDArray[np.integer[Any]], int]
-"""Token ids: a list, tuple or 1-D numpy array of any integer dtype (values in
-``0 .. 2**32``); ``append`` also takes one int."""
+TokenIds = Union[Sequence[int], npt.NDArray[np.integer[Any]], memoryview, int]
+"""Token ids: a list, tuple, 1-D numpy array of any integer dtype or object
+exporting a 1-D integer buffer (``array.array``, ``memoryview(b).cast("I")``)
+(values in ``0 .. 2**32``); ``append`` also takes one int."""
 
 MultiModalKeyLike = Union["MultiModalKey", Tuple[Union[str, bytes], int, int]]
 """A ``MultiModalKey`` or a ``(hash, offset, length)`` tuple."""

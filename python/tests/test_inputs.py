@@ -57,6 +57,33 @@ def test_non_contiguous_and_byte_swapped_arrays(m):
     assert m.match_prefix(readonly).num_tokens == 20
 
 
+@pytest.mark.parametrize("code", ["b", "B", "h", "H", "i", "I", "l", "L", "q", "Q"])
+def test_integer_buffers_of_every_item_size(m, code):
+    m.admit(1, list(range(9)))
+    assert m.match_prefix(array.array(code, range(9))).num_tokens == 8
+    assert m.match_prefix(memoryview(array.array(code, range(9)))[::2]).num_tokens == 0
+    assert m.match_prefix(memoryview(array.array(code, range(9)))[:5]).num_tokens == 4
+
+
+def test_packed_bytes_as_a_uint32_buffer(m):
+    packed = np.arange(9, dtype="<u4").tobytes()
+    m.admit(1, memoryview(packed).cast("I"))
+    assert m.match_prefix(range(9)).num_tokens == 8
+
+
+def test_bad_buffers(m):
+    with pytest.raises(ValueError, match="outside"):
+        m.admit(1, array.array("q", [3, -1]))
+    with pytest.raises(ValueError, match="1-D"):
+        m.admit(1, memoryview(array.array("I", range(6))).cast("B").cast("I", [2, 3]))
+    with pytest.raises(TypeError):
+        m.admit(1, array.array("d", [1.0]))
+    with pytest.raises(TypeError, match="memoryview"):
+        m.admit(1, bytearray(b"abcd"))
+    with pytest.raises(KeyError):
+        m.free(1)
+
+
 def test_a_lone_int_is_one_token(m):
     m.admit(1, 5)
     assert m.num_tokens(1) == 1

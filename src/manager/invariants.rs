@@ -2,6 +2,7 @@
 //! pool here, the prefix cache's own in `prefix_cache/invariants.rs`.
 
 use super::BlockManager;
+use crate::hash::Chain;
 use crate::ids::BlockId;
 
 impl BlockManager {
@@ -37,24 +38,24 @@ impl BlockManager {
             let upto = r.num_computed / self.config.block_size;
             if r.caller_hashed {
                 // The caller's hasher may differ from the manager's: only the count is known.
-                if r.hashes.len() > upto {
+                if r.chain.hashes.len() > upto {
                     return Err(format!("request {id}: hashes past its computed blocks"));
                 }
             } else {
-                let mut chain = Vec::new();
+                let mut chain = Chain::default();
                 if self.config.enable_prefix_caching {
                     let mut buf = Vec::new();
                     self.prefixes
                         .hasher
                         .extend_chain(&r.tokens, &r.keys, upto, &mut chain, &mut buf);
                 }
-                if chain != r.hashes {
+                if chain.hashes != r.chain.hashes {
                     return Err(format!(
                         "request {id}: stored hashes differ from its tokens' chain"
                     ));
                 }
             }
-            for (i, h) in r.hashes.iter().enumerate() {
+            for (i, h) in r.chain.hashes.iter().enumerate() {
                 if let Some(bh) = st.cache.slots[r.blocks[i] as usize].hash {
                     if bh != *h {
                         return Err(format!(

@@ -41,7 +41,7 @@ use self::pool::Pool;
 use crate::config::{BlockHashKind, CacheConfig};
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
-use crate::hash::{BlockHash, ExtraKeys, KeyDigest};
+use crate::hash::{BlockHash, Chain, ExtraKeys, KeyDigest};
 use crate::ids::{BlockId, RequestId, TokenId};
 use crate::policy::{self, EvictionPolicy, Retention};
 use crate::prefix_cache::{CacheState, Prefixes};
@@ -68,7 +68,7 @@ struct Request {
     len: usize,
     blocks: Vec<BlockId>,
     /// Hashes of the leading full computed blocks (indexed or duplicate).
-    hashes: Vec<BlockHash>,
+    chain: Chain,
     num_computed: usize,
     chunked: bool,
     /// How the blocks it stores are kept, as the policy decided at admission.
@@ -84,7 +84,7 @@ struct Request {
 pub(crate) struct Prompt {
     keys: Arc<KeyDigest>,
     /// Hashes of its full blocks.
-    pub(crate) hashes: Vec<BlockHash>,
+    pub(crate) chain: Chain,
     /// How many leading blocks a hit may cover.
     pub(crate) hit_limit: usize,
     /// Blocks the request holds once admitted.
@@ -266,19 +266,19 @@ impl BlockManager {
         }
         opts.keys.check(self.config.num_tokens())?;
         let keys = self.prefixes.hasher.digest(&opts.keys);
-        let hashes = match hashes {
-            Some(h) if self.config.enable_prefix_caching => h.to_vec(),
-            Some(_) => Vec::new(),
-            None => self.prefixes.chain(tokens, &keys),
+        let chain = match hashes {
+            Some(h) if self.config.enable_prefix_caching => Chain::from_hashes(h.to_vec()),
+            Some(_) => Chain::default(),
+            None => self.prefixes.chain_of(tokens, &keys),
         };
         let hit_limit = if self.config.cap_hit_at_last_token {
             (tokens.len() - 1) / self.config.block_size
         } else {
-            hashes.len()
+            chain.hashes.len()
         };
         Ok(Prompt {
             keys: Arc::new(keys),
-            hashes,
+            chain,
             hit_limit,
             needed,
             caller_hashed: false,
@@ -294,7 +294,7 @@ impl BlockManager {
         opts: &AdmitOptions,
         prompt: &Prompt,
     ) -> Result<Admission> {
-        let (hashes, needed, bs) = (&prompt.hashes, prompt.needed, self.config.block_size);
+        let (hashes, needed, bs) = (&prompt.chain.hashes, prompt.needed, self.config.block_size);
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.requests.contains_key(&id) {
@@ -316,9 +316,8 @@ impl BlockManager {
             st.cache.policy.on_hit(b);
             blocks.push(b);
         }
-        for _ in 0..fresh {
-            blocks.push(st.pool.allocate(&self.prefixes, &mut st.cache));
-        }
+        st.pool
+            .allocate_many(&self.prefixes, &mut st.cache, fresh, &mut blocks);
         let cached = hits.len() * bs;
         let stats = &mut st.cache.stats;
         stats.prefix_query_tokens += tokens.len() as u64;
@@ -332,12 +331,14 @@ impl BlockManager {
         } else {
             tokens.len()
         };
+        // The precomputed chain is kept only up to what is hashed and indexed below.
+        let mut chain = prompt.chain.clone();
+        chain.truncate(num_computed / bs);
         let mut request = Request {
             tokens: tokens.to_vec(),
             len: tokens.len(),
             blocks,
-            // The precomputed chain is kept only up to what is hashed and indexed below.
-            hashes: hashes.iter().take(num_computed / bs).copied().collect(),
+            chain,
             num_computed,
             chunked: opts.chunked_prefill,
             retention,
@@ -362,7 +363,7 @@ impl BlockManager {
     ) -> (Vec<BlockId>, AdmitCheck) {
         let hits = self
             .prefixes
-            .lookup(tokens, &prompt.hashes, prompt.hit_limit);
+            .lookup(tokens, &prompt.chain.hashes, prompt.hit_limit);
         let reviving = hits.iter().filter(|&&b| st.cache.is_evictable(b)).count();
         let check = AdmitCheck {
             num_cached_tokens: hits.len() * self.config.block_size,
@@ -444,7 +445,7 @@ impl BlockManager {
         request.len = new_len;
         if !request.chunked {
             request.num_computed = new_len;
-            let first = request.hashes.len();
+            let first = request.chain.hashes.len();
             self.index_blocks(cache, request, first);
         }
         Ok(outcome)
@@ -459,7 +460,7 @@ impl BlockManager {
         let request = st.requests.get_mut(&id).ok_or(Error::UnknownRequest(id))?;
         self.check_commit(request, num_computed_tokens)?;
         request.num_computed = num_computed_tokens;
-        let first = request.hashes.len();
+        let first = request.chain.hashes.len();
         self.index_blocks(&mut st.cache, request, first);
         Ok(())
     }
@@ -511,7 +512,7 @@ impl BlockManager {
                 request.num_computed
             ));
         }
-        let want = (n / bs).saturating_sub(request.hashes.len());
+        let want = (n / bs).saturating_sub(request.chain.hashes.len());
         if self.config.enable_prefix_caching && hashes.len() != want {
             return bad(format!(
                 "{} block hashes for the {want} blocks this commit makes full",
@@ -520,9 +521,9 @@ impl BlockManager {
         }
         request.len = request.len.max(n);
         request.num_computed = n;
-        let first = request.hashes.len();
+        let first = request.chain.hashes.len();
         if self.config.enable_prefix_caching {
-            request.hashes.extend_from_slice(hashes);
+            request.chain.hashes.extend_from_slice(hashes);
         }
         self.index_blocks(&mut st.cache, request, first);
         Ok(())
@@ -686,11 +687,9 @@ impl BlockManager {
             cache.stats.cow_copies += 1;
             outcome.copies.push(BlockCopy { src, dst, position });
         }
-        for _ in 0..grow {
-            let b = pool.allocate(&self.prefixes, cache);
-            request.blocks.push(b);
-            outcome.new_block_ids.push(b);
-        }
+        let start = request.blocks.len();
+        pool.allocate_many(&self.prefixes, cache, grow, &mut request.blocks);
+        outcome.new_block_ids = request.blocks[start..].to_vec();
         Ok(outcome)
     }
 
@@ -853,6 +852,7 @@ impl BlockManager {
         let st = self.state.lock();
         let request = st.requests.get(&id).ok_or(Error::UnknownRequest(id))?;
         Ok(request
+            .chain
             .hashes
             .iter()
             .zip(&request.blocks)
@@ -912,7 +912,7 @@ impl BlockManager {
     }
 
     /// Hashes and indexes the request's full computed blocks from block
-    /// `first` on; the hashes of blocks before `request.hashes.len()` are
+    /// `first` on; the hashes of blocks before `request.chain.hashes.len()` are
     /// known already. A caller-hashed request is indexed only as far as
     /// the caller's hashes go.
     fn index_blocks(&self, cache: &mut CacheState, request: &mut Request, first: usize) {
@@ -921,7 +921,7 @@ impl BlockManager {
         }
         let mut full = request.num_computed / self.config.block_size;
         if request.caller_hashed {
-            full = full.min(request.hashes.len());
+            full = full.min(request.chain.hashes.len());
         }
         if full <= first {
             return;
@@ -931,14 +931,14 @@ impl BlockManager {
                 &request.tokens,
                 &request.keys,
                 full,
-                &mut request.hashes,
+                &mut request.chain,
                 &mut cache.buf,
             );
         }
         self.prefixes.store_chain(
             cache,
             &request.tokens,
-            &request.hashes,
+            &request.chain.hashes,
             &request.blocks,
             first..full,
             request.retention,

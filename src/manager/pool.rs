@@ -13,6 +13,7 @@ use crate::alloc::filled;
 use crate::error::Result;
 use crate::id_list::IdList;
 use crate::ids::BlockId;
+use crate::index::IndexWriter;
 
 /// Per block, what the pool keeps.
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,10 +61,36 @@ impl Pool {
     /// the policy's victim, whose hash leaves the index. The caller checked
     /// that a free block exists.
     pub(super) fn allocate(&mut self, prefixes: &Prefixes, cache: &mut CacheState) -> BlockId {
+        self.take(prefixes, cache, &mut prefixes.index.writer())
+    }
+
+    /// Takes `n` free blocks as [`Pool::allocate`] does, appending them to
+    /// `out`; the victims' hashes leave the index in one batch. The caller
+    /// checked that `n` free blocks exist.
+    pub(super) fn allocate_many(
+        &mut self,
+        prefixes: &Prefixes,
+        cache: &mut CacheState,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) {
+        out.reserve(n);
+        let mut index = prefixes.index.writer();
+        for _ in 0..n {
+            out.push(self.take(prefixes, cache, &mut index));
+        }
+    }
+
+    fn take(
+        &mut self,
+        prefixes: &Prefixes,
+        cache: &mut CacheState,
+        index: &mut IndexWriter<'_>,
+    ) -> BlockId {
         let b = match self.unhashed.pop_front() {
             Some(b) => b,
             None => prefixes
-                .evict_victim(cache)
+                .evict_victim(cache, index)
                 .expect("caller checked free blocks"),
         };
         cache.lock(b);
@@ -96,8 +123,9 @@ impl Pool {
     /// onto the never-hashed list. Returns how many were evicted.
     pub(super) fn evict(&mut self, prefixes: &Prefixes, cache: &mut CacheState, n: usize) -> usize {
         let mut evicted = 0;
+        let mut index = prefixes.index.writer();
         while evicted < n {
-            let Some(b) = prefixes.evict_victim(cache) else {
+            let Some(b) = prefixes.evict_victim(cache, &mut index) else {
                 break;
             };
             self.unhashed.push_back(b);

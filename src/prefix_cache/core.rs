@@ -15,9 +15,9 @@ use crate::config::{BlockHashKind, CacheConfig};
 use crate::engine_hash::DEFAULT_NONE_HASH_SEED;
 use crate::error::{Error, Result};
 use crate::events::CacheEvent;
-use crate::hash::{BlockHash, Hasher, KeyDigest};
+use crate::hash::{BlockHash, Chain, Hasher, KeyDigest};
 use crate::ids::{BlockId, TokenId};
-use crate::index::PrefixIndex;
+use crate::index::{IndexWriter, PrefixIndex};
 use crate::policy::{EvictionPolicy, Retention};
 use crate::stats::CacheStats;
 
@@ -100,7 +100,12 @@ impl Prefixes {
 
     /// Hashes of the full blocks of `tokens` (none without prefix caching).
     pub(crate) fn chain(&self, tokens: &[TokenId], keys: &KeyDigest) -> Vec<BlockHash> {
-        let mut out = Vec::new();
+        self.chain_of(tokens, keys).hashes
+    }
+
+    /// [`Prefixes::chain`] with what extending it later needs.
+    pub(crate) fn chain_of(&self, tokens: &[TokenId], keys: &KeyDigest) -> Chain {
+        let mut out = Chain::default();
         if self.settings.enabled {
             let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
             self.hasher
@@ -150,11 +155,12 @@ impl Prefixes {
             return;
         };
         let shard = PrefixIndex::shard_of_chain(root);
+        let mut index = self.index.writer();
         let mut run: Option<Range<usize>> = None;
         for i in range {
             let (b, hash) = (blocks[i], hashes[i]);
             let stored = st.slots[b as usize].hash.is_none()
-                && self.index.insert(shard, hash, b, self.verify(tokens, i));
+                && index.insert(shard, hash, b, self.verify(tokens, i));
             if stored {
                 let slot = &mut st.slots[b as usize];
                 slot.hash = Some(hash);
@@ -224,14 +230,18 @@ impl Prefixes {
         }
     }
 
-    /// Evicts the policy's victim, if any: its hash leaves the index (an
-    /// eviction: counted, logged, announced). The block is uncached and
-    /// unlocked; the caller owns what happens to it next.
-    pub(crate) fn evict_victim(&self, st: &mut CacheState) -> Option<BlockId> {
+    /// Evicts the policy's victim, if any: its hash leaves the index
+    /// through `index` (an eviction: counted, logged, announced). The block
+    /// is uncached and unlocked; the caller owns what happens to it next.
+    pub(crate) fn evict_victim(
+        &self,
+        st: &mut CacheState,
+        index: &mut IndexWriter<'_>,
+    ) -> Option<BlockId> {
         let b = st.policy.evict()?;
         let slot = &mut st.slots[b as usize];
         let hash = slot.hash.take().expect("evictable blocks are hashed");
-        self.index.remove(slot.shard, hash);
+        index.remove(slot.shard, hash);
         st.stats.evictions += 1;
         if let Some(log) = &mut st.evicted {
             log.push((hash, b));
@@ -263,7 +273,7 @@ impl Prefixes {
         let slot = &mut st.slots[b as usize];
         let hash = slot.hash.take()?;
         let unlocked = slot.locks == 0;
-        self.index.remove(slot.shard, hash);
+        self.index.writer().remove(slot.shard, hash);
         if unlocked {
             st.policy.remove(b);
         }
@@ -281,10 +291,11 @@ impl Prefixes {
             return Err(Error::BlocksInUse(locked));
         }
         let mut dropped = Vec::with_capacity(st.policy.len());
+        let mut index = self.index.writer();
         while let Some(b) = st.policy.evict() {
             let slot = &mut st.slots[b as usize];
             let hash = slot.hash.take().expect("evictable blocks are hashed");
-            self.index.remove(slot.shard, hash);
+            index.remove(slot.shard, hash);
             dropped.push(b);
         }
         if self.settings.events {

@@ -268,8 +268,9 @@ impl PrefixCache {
     pub fn evict(&self, num_blocks: usize) -> Vec<BlockId> {
         let mut st = self.state.lock();
         let mut evicted = Vec::with_capacity(num_blocks.min(st.policy.len()));
+        let mut index = self.prefixes.index.writer();
         while evicted.len() < num_blocks {
-            let Some(b) = self.prefixes.evict_victim(&mut st) else {
+            let Some(b) = self.prefixes.evict_victim(&mut st, &mut index) else {
                 break;
             };
             evicted.push(b);

@@ -1,14 +1,18 @@
 //! Integer arrays from Python (token ids, slot numbers, block ids): lists,
 //! tuples, numpy arrays of any integer dtype (contiguous or strided, any byte
-//! order) and other iterables of ints. Values the target type cannot hold
-//! are a `ValueError`, non-integers a `TypeError`.
+//! order), objects exporting an integer buffer (`array.array`,
+//! `memoryview(b).cast("I")`) and other iterables of ints. Values the
+//! target type cannot hold are a `ValueError`, non-integers a `TypeError`.
+//! Arrays and buffers convert in bulk: one range check and one widening or
+//! narrowing copy over the whole array, no Python object per element.
 
 use std::fmt::Display;
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use crate::{BlockId, TokenId};
 
@@ -70,10 +74,17 @@ fn int_vec<O: Target>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<O>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return from_array(array, what);
     }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+    {
         return Err(PyTypeError::new_err(format!(
-            "{what}s must be a sequence or array of ints, not str or bytes"
+            "{what}s must be a sequence or array of ints, not str or bytes \
+             (for packed 32-bit ids, pass memoryview(data).cast(\"I\"))"
         )));
+    }
+    if let Some(values) = from_buffer(obj, what)? {
+        return Ok(values);
     }
     let iter = obj.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
@@ -100,14 +111,22 @@ trait Target:
 {
     /// The range, for messages.
     const RANGE: &'static str;
+    /// `v as Self`, for a value known to fit.
+    fn cast<T: Elem>(v: T) -> Self;
 }
 
 impl Target for u32 {
     const RANGE: &'static str = "0..=4294967295";
+    fn cast<T: Elem>(v: T) -> Self {
+        v.as_u32()
+    }
 }
 
 impl Target for i64 {
     const RANGE: &'static str = "-2**63..2**63";
+    fn cast<T: Elem>(v: T) -> Self {
+        v.as_i64()
+    }
 }
 
 fn from_items<'py, O: Target>(
@@ -167,30 +186,86 @@ fn from_array<O: Target>(array: &Bound<'_, PyUntypedArray>, what: &str) -> PyRes
 
 fn from_typed<T, O>(array: &Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Vec<O>>
 where
-    T: numpy::Element + Copy + Display,
+    T: numpy::Element + Elem,
     O: Target + TryFrom<T>,
 {
     let ro = array
         .try_readonly()
         .map_err(|e| PyValueError::new_err(format!("{what}s: {e}")))?;
-    let mut out = Vec::with_capacity(ro.len());
-    let mut push = |i: usize, v: T| -> PyResult<()> {
-        out.push(O::try_from(v).map_err(|_| out_of_range::<O>(&v, i, what))?);
-        Ok(())
-    };
     match ro.as_slice() {
-        Ok(slice) => slice
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, &v)| push(i, v))?,
-        Err(_) => ro
-            .as_array()
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, &v)| push(i, v))?,
+        Ok(slice) => convert(slice, what),
+        Err(_) => convert(&ro.as_array().iter().copied().collect::<Vec<T>>(), what),
     }
-    Ok(out)
 }
+
+/// The values of an object exporting a 1-D buffer of integers, or `None`
+/// when it exports none (or one of another item type).
+fn from_buffer<O: Target>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<O>>> {
+    // SAFETY: `obj` is a live object while its `Bound` is held (GIL held);
+    // the check only reads its type's buffer slot.
+    if unsafe { pyo3::ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 0 {
+        return Ok(None);
+    }
+    macro_rules! typed {
+        ($($t:ty),*) => {$(
+            if let Ok(buffer) = PyBuffer::<$t>::get(obj) {
+                if buffer.dimensions() != 1 {
+                    return Err(PyValueError::new_err(format!(
+                        "{what}s must be a 1-D buffer, got shape {:?}",
+                        buffer.shape()
+                    )));
+                }
+                return convert(&buffer.to_vec(obj.py())?, what).map(Some);
+            }
+        )*};
+    }
+    typed!(u32, i32, i64, u64, u16, i16, u8, i8);
+    Ok(None)
+}
+
+/// `values` converted to `O`: one range check over all of them (an error
+/// names the first value out of range), then one converting copy; both
+/// loops are branch-free, so the compiler vectorizes them.
+fn convert<T, O>(values: &[T], what: &str) -> PyResult<Vec<O>>
+where
+    T: Elem,
+    O: Target + TryFrom<T>,
+{
+    let in_range = values
+        .iter()
+        .fold(true, |ok, &v| ok & O::try_from(v).is_ok());
+    if !in_range {
+        let (i, v) = values
+            .iter()
+            .enumerate()
+            .find(|&(_, &v)| O::try_from(v).is_err())
+            .expect("a value is out of range");
+        return Err(out_of_range::<O>(v, i, what));
+    }
+    Ok(values.iter().map(|&v| O::cast(v)).collect())
+}
+
+/// The integer types arrays and buffers hold.
+trait Elem: Copy + Display {
+    /// `self as u32`.
+    fn as_u32(self) -> u32;
+    /// `self as i64`.
+    fn as_i64(self) -> i64;
+}
+
+macro_rules! elems {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            fn as_u32(self) -> u32 {
+                self as u32
+            }
+            fn as_i64(self) -> i64 {
+                self as i64
+            }
+        }
+    )*};
+}
+elems!(u32, i32, i64, u64, u16, i16, u8, i8);
 
 fn out_of_range<O: Target>(value: &dyn Display, i: usize, what: &str) -> PyErr {
     PyValueError::new_err(format!(

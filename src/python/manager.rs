@@ -30,8 +30,9 @@ use crate::{manager, AdmitOptions, Error, RequestId, TokenId};
 /// nothing.
 ///
 /// Request ids are ``int`` (``0 <= id < 2**63``) or ``str``. Token ids are a
-/// list, tuple or 1-D numpy array of any integer dtype, with values in
-/// ``0 .. 2**32``. ``extra_keys`` is an ``ExtraKeys``, a dict with keys
+/// list, tuple, 1-D numpy array of any integer dtype or 1-D integer buffer
+/// (``array.array``, ``memoryview(b).cast("I")``), with values in
+/// ``0 .. 2**32``; arrays and buffers convert in bulk. ``extra_keys`` is an ``ExtraKeys``, a dict with keys
 /// ``"adapter"``, ``"salt"``, ``"mm"``, or ``None``; ``salt=`` is a shortcut
 /// for its salt.
 ///

@@ -314,7 +314,7 @@ impl TieredCache {
             self.on_evicted(&evicted);
             a?
         };
-        let (hashes, limit) = (&prompt.hashes, prompt.hit_limit);
+        let (hashes, limit) = (&prompt.chain.hashes, prompt.hit_limit);
         let blocks = &admission.block_ids;
         let l1 = admission.num_cached_tokens / bs;
         if let WritePolicy::WriteThroughSelective { min_hits } = self.policy {
