@@ -88,17 +88,16 @@ impl ExtraKeys {
         self.adapter.is_none() && self.salt.is_none() && self.mm.is_empty()
     }
 
-    /// Checks that every multimodal input covers a non-empty range that ends
-    /// within `max_tokens` (the most tokens a request can hold), without
-    /// overflow ([`Error::InvalidArgument`] otherwise). A range may end past
-    /// the tokens given so far: a prompt can be admitted in parts.
-    pub fn check(&self, max_tokens: usize) -> Result<()> {
+    /// Checks that every multimodal input covers a non-empty range of the
+    /// prompt's `prompt_len` tokens, without overflow
+    /// ([`Error::InvalidArgument`] otherwise).
+    pub fn check(&self, prompt_len: usize) -> Result<()> {
         for (i, m) in self.mm.iter().enumerate() {
             let end = m.offset.checked_add(m.length);
-            if m.length == 0 || end.is_none_or(|end| end > max_tokens) {
+            if m.length == 0 || end.is_none_or(|end| end > prompt_len) {
                 return Err(Error::InvalidArgument(format!(
                     "multimodal input {i} ({:?}) covers tokens {}..{}+{}, which is {} \
-                     the {max_tokens} tokens a request can hold",
+                     the prompt's {prompt_len} tokens",
                     m.hash,
                     m.offset,
                     m.offset,

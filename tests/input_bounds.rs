@@ -1,6 +1,6 @@
 //! Bad sizes and ranges are refused in the core, with a message and no
 //! change of state, before any binding sees them: config fields and the
-//! sizes derived from them, multimodal ranges no request can hold.
+//! sizes derived from them, multimodal ranges outside the prompt.
 
 use mla_cache::store::HostStore;
 use mla_cache::{AdmitOptions, BlockManager, CacheConfig, Dtype, Error, ExtraKeys, MultiModalKey};
@@ -117,13 +117,20 @@ fn admit_with(m: &BlockManager, offset: usize, length: usize) -> mla_cache::Resu
 }
 
 #[test]
-fn multimodal_ranges_that_no_request_can_hold_are_refused() {
-    // 8 blocks of 4 tokens: no request holds more than 32 tokens.
+fn multimodal_ranges_outside_the_prompt_are_refused() {
+    // An 8-token prompt in a cache of 8 blocks of 4 tokens.
     let mut c = CacheConfig::new(8);
     c.block_size = 4;
     let m = BlockManager::new(c).unwrap();
     let before = m.stats();
-    for (offset, length) in [(30, 4), (32, 1), (2, 0), (usize::MAX, 1), (1, usize::MAX)] {
+    for (offset, length) in [
+        (6, 3),
+        (8, 1),
+        (30, 4),
+        (2, 0),
+        (usize::MAX, 1),
+        (1, usize::MAX),
+    ] {
         match admit_with(&m, offset, length) {
             Err(Error::InvalidArgument(msg)) => {
                 assert!(msg.contains("multimodal input 0"), "{msg}")
@@ -133,8 +140,7 @@ fn multimodal_ranges_that_no_request_can_hold_are_refused() {
         assert_eq!(m.stats(), before);
         m.check_invariants().unwrap();
     }
-    // Inside the prompt, or past the tokens admitted so far (a prompt may
-    // be admitted in parts), but within what a request can hold.
+    // Inside the prompt, up to its last token.
     assert_eq!(admit_with(&m, 0, 8).unwrap(), 2);
-    assert_eq!(admit_with(&m, 6, 26).unwrap(), 2);
+    assert_eq!(admit_with(&m, 6, 2).unwrap(), 2);
 }

@@ -160,19 +160,18 @@ def test_counts_are_checked(m, bad):
 
 @pytest.mark.parametrize(
     "offset,length",
-    [(250, 8), (256, 1), (2, 0), (2**64 - 1, 1), (1, 2**64 - 1)],
-    ids=["past-any-request", "at-the-end", "empty", "offset-max", "length-max"],
+    [(6, 3), (8, 1), (250, 8), (2, 0), (2**64 - 1, 1), (1, 2**64 - 1)],
+    ids=["past-the-prompt", "at-its-end", "past-any-request", "empty", "offset-max", "length-max"],
 )
-def test_multimodal_ranges_no_request_can_hold_are_refused(m, offset, length):
-    # 64 blocks of 4 tokens: no request holds more than 256 tokens.
+def test_multimodal_ranges_outside_the_prompt_are_refused(m, offset, length):
+    # An 8-token prompt.
     before = m.stats()
     with pytest.raises(ValueError, match="multimodal input 0"):
         m.admit(1, list(range(8)), extra_keys={"mm": [("image", offset, length)]})
     assert m.stats() == before
     assert m.num_free_blocks == 64
     m.admit(1, list(range(8)), extra_keys={"mm": [("image", 0, 8)]})
-    # Past the tokens admitted so far: a prompt may be admitted in parts.
-    m.admit(2, list(range(8)), extra_keys={"mm": [("image", 6, 250)]})
+    m.admit(2, list(range(8)), extra_keys={"mm": [("image", 6, 2)]})
 
 
 def test_a_cache_too_large_for_memory_is_a_memory_error():

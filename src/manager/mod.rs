@@ -264,7 +264,7 @@ impl BlockManager {
                 total: self.config.num_blocks,
             });
         }
-        opts.keys.check(self.config.num_tokens())?;
+        opts.keys.check(tokens.len())?;
         let keys = self.prefixes.hasher.digest(&opts.keys);
         let chain = match hashes {
             Some(h) if self.config.enable_prefix_caching => Chain::from_hashes(h.to_vec()),

@@ -1,6 +1,6 @@
 /*
  * Bad input the C API must refuse with a status and a message, changing
- * nothing: sizes that would overflow, multimodal ranges no request can hold,
+ * nothing: sizes that would overflow, multimodal ranges outside the prompt,
  * destroyed handles whose slot a new object took. Built and run by
  * tests/c_abi.rs and scripts/c-tests.sh (also under valgrind).
  */
@@ -82,8 +82,8 @@ static void test_size_overflow(void) {
     OK(mla_config_destroy(config));
 }
 
-/* Multimodal inputs must cover a non-empty range that a request can hold
- * (16 blocks of 4 tokens: 64 tokens at most). */
+/* Multimodal inputs must cover a non-empty range of the prompt (8 tokens, in
+ * a cache of 16 blocks of 4 tokens). */
 static void test_multimodal_ranges(void) {
     MlaConfig *config = config_of(16);
     MlaManager *manager = NULL;
@@ -97,8 +97,9 @@ static void test_multimodal_ranges(void) {
         size_t offset, length;
         const char *why;
     } bad[] = {
+        {6, 3, "outside"},        /* past the prompt's end */
+        {8, 1, "outside"},        /* starts at the prompt's end */
         {60, 8, "outside"},       /* past the end of any request */
-        {64, 1, "outside"},       /* starts at the end */
         {2, 0, "empty"},          /* empty */
         {SIZE_MAX, 1, "outside"}, /* offset + length wraps */
         {1, SIZE_MAX, "outside"},
@@ -119,14 +120,13 @@ static void test_multimodal_ranges(void) {
         CHECK(free_after == free_before);
         OK(mla_manager_check_invariants(manager));
     }
-    /* Inside the prompt, or past the tokens given so far (a prompt may be
-     * admitted in parts): admitted. */
+    /* Inside the prompt, up to its last token: admitted. */
     mm.offset = 0;
     mm.length = 8;
     OK(mla_manager_admit(manager, 1, tokens, 8, &options, ids, 4, &n, &cached));
     CHECK(n == 2);
     mm.offset = 6;
-    mm.length = 58;
+    mm.length = 2;
     OK(mla_manager_admit(manager, 2, tokens, 8, &options, ids, 4, &n, &cached));
     OK(mla_manager_destroy(manager));
     OK(mla_config_destroy(config));

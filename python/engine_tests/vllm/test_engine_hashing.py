@@ -73,7 +73,8 @@ def random_request(rng: random.Random):
     images: List[Image] = []
     offset = rng.randrange(0, 2 * BLOCK)
     while rng.random() < 0.6 and offset < len(tokens):
-        length = rng.randrange(1, 3 * BLOCK)
+        # Placeholders lie inside the prompt, as in vLLM's requests.
+        length = rng.randrange(1, min(3 * BLOCK, len(tokens) - offset) + 1)
         images.append((f"img{rng.randrange(1000):03x}", offset, length))
         offset += length + rng.randrange(0, BLOCK)
     return tokens, lora, salt, images
