@@ -30,6 +30,9 @@ pub enum Workload {
     /// Generated agent sessions returning to long private contexts every 2
     /// to 60 seconds.
     Agents,
+    /// Generated long multi-turn conversations over shared system prompts,
+    /// each turn returning after about one turnover of the cache.
+    Multiturn,
     /// The chat-long-think conversations served beside the prompt-flood
     /// one-off documents, on one deployment.
     ChatUnderFlood,
@@ -141,6 +144,7 @@ impl SimulateArgs {
                     Workload::ChatLongThink => ("chat-long-think", ChatConfig::long_think(), None),
                     Workload::PromptFlood => ("prompt-flood", ChatConfig::prompt_flood(), None),
                     Workload::Agents => ("agents", ChatConfig::agents(), None),
+                    Workload::Multiturn => ("multiturn", ChatConfig::multiturn(), None),
                     Workload::ChatUnderFlood => (
                         "chat-under-flood",
                         ChatConfig::long_think(),

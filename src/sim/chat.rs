@@ -86,6 +86,28 @@ impl ChatConfig {
         }
     }
 
+    /// Long multi-turn conversations that return as the cache turns over:
+    /// 1,500 conversations starting every second on average, 6 to 12 turns
+    /// each, 1 to 6 minutes apart, over 8 system prompts of 512 to 2,048
+    /// tokens; messages of 128 to 2,048 tokens, answers of 64 to 512. Every
+    /// turn resends the whole conversation (some 13,500 requests, prompts
+    /// of 8K tokens on average), so the live conversations hold several
+    /// times what a cache of 16,384 blocks of 64 holds, and a
+    /// conversation's next turn comes back after one or a few turnovers.
+    pub fn multiturn() -> Self {
+        Self {
+            conversations: 1500,
+            system_prompts: 8,
+            system_prompt_blocks: (1, 4),
+            context_tokens: (0, 0),
+            turns: (6, 12),
+            user_tokens: (128, 2048),
+            output_tokens: (64, 512),
+            mean_interarrival_ms: 1000.0,
+            turn_gap_ms: (60_000, 360_000),
+        }
+    }
+
     /// Shared system prompts under a flood of one-off prompts: 2,000
     /// single-turn requests a second apart on average, each one of 64 system
     /// prompts of 2,048 to 8,192 tokens (5,000 blocks of 64 in all) followed
