@@ -493,3 +493,33 @@ fn adaptive_keeps_a_stable_share_of_agents_returning_after_the_turnover() {
         );
     }
 }
+
+#[test]
+fn multiturn_conversations_resend_their_history() {
+    let run = |seed: &str| {
+        json(&[
+            "simulate",
+            "--workload",
+            "multiturn",
+            "--conversations",
+            "30",
+            "--seed",
+            seed,
+            "--blocks",
+            "16384",
+            "--json",
+        ])
+    };
+    let a = run("0");
+    // 30 conversations of 6 to 12 turns each.
+    let requests = a["requests"].as_u64().unwrap();
+    assert!((180..=360).contains(&requests), "{requests}");
+    assert!(a["workload"].as_str().unwrap().starts_with("multiturn"));
+    // Everything fits: every turn after the first finds its history.
+    assert!(a["token_hit_rate"].as_f64().unwrap() > 0.5, "{a}");
+    assert_eq!(
+        run("0")["hit_tokens"],
+        a["hit_tokens"],
+        "a seed names one run"
+    );
+}
