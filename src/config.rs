@@ -151,13 +151,11 @@ pub enum EvictionPolicyKind {
 }
 
 impl EvictionPolicyKind {
-    /// Every policy.
-    pub const ALL: [EvictionPolicyKind; <EvictionPolicyKind as strum::EnumCount>::COUNT] = [
-        EvictionPolicyKind::Lru,
-        EvictionPolicyKind::Arc,
-        EvictionPolicyKind::Residency,
-        EvictionPolicyKind::Adaptive,
-    ];
+    /// Every policy, in declaration order: strum's `VARIANTS` as an array.
+    pub const ALL: [EvictionPolicyKind; <EvictionPolicyKind as strum::EnumCount>::COUNT] =
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
 
     /// The policy's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
@@ -220,12 +218,11 @@ pub enum BlockHashKind {
 }
 
 impl BlockHashKind {
-    /// Every kind.
-    pub const ALL: [BlockHashKind; <BlockHashKind as strum::EnumCount>::COUNT] = [
-        BlockHashKind::Xxh3,
-        BlockHashKind::Sha256Cbor,
-        BlockHashKind::XxhashCbor,
-    ];
+    /// Every kind, in declaration order: strum's `VARIANTS` as an array.
+    pub const ALL: [BlockHashKind; <BlockHashKind as strum::EnumCount>::COUNT] =
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
 
     /// The kind's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {
