@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the library, then builds and runs the C/C++ tests of its C ABI
+# Builds the C library (the package capi/), then builds and runs the C/C++ tests of its C ABI
 # (tests/c/) and the C++ example (examples/cpp/), and checks that an install
 # (scripts/install-capi.sh) is relocatable: installed to a temporary prefix,
 # moved, the example built against it with CMake records the SONAME and runs.
@@ -7,19 +7,19 @@
 #   scripts/c-tests.sh [--release] [--features LIST] [--valgrind] [--asan]
 #
 #   --release   test the release build (target/release) instead of the debug one
-#   --features  build the library with these Cargo features (e.g. cuda), on
-#               top of `capi` (the C ABI itself), which is always on
+#   --features  build the library with these Cargo features (cuda,
+#               remote-redis; `capi`, the C ABI itself, is always on)
 #   --valgrind  run the C test and the example under valgrind memcheck
 #               (--error-exitcode=1 --leak-check=full); any error or leak fails
 #   --asan      build the test programs with AddressSanitizer and UBSan
 #               (-fsanitize=address,undefined); any report fails
 #
-# `cargo test --test c_abi` runs the same programs without valgrind.
+# `cargo test -p mla-cache-capi --test c_abi` runs the same programs without valgrind.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 profile=debug
-cargo_flags=(--features capi)
+cargo_flags=(-p mla-cache-capi)
 defines=()
 static_deps=()
 valgrind=0
@@ -30,7 +30,9 @@ while [[ $# -gt 0 ]]; do
     case "$arg" in
         --release) profile=release; cargo_flags+=(--release) ;;
         --features)
-            cargo_flags+=(--features "$1")
+            # `capi` is the core's feature that the C library always turns on.
+            features="$(echo ",$1," | sed 's/,capi,/,/g; s/^,//; s/,$//')"
+            [[ -n $features ]] && cargo_flags+=(--features "$features")
             # The C test expects a CUDA store to be creatable (or to fail for want of a GPU).
             [[ ",$1," == *,cuda,* ]] && defines+=(-DMLA_TEST_CUDA_FEATURE)
             # The remote tier's TLS comes from the system's OpenSSL.
@@ -44,7 +46,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ $asan == 1 && $valgrind == 1 ]] && { echo "--asan and --valgrind exclude each other" >&2; exit 2; }
-cargo build --lib "${cargo_flags[@]}"
+cargo build "${cargo_flags[@]}"
 target_dir="${CARGO_TARGET_DIR:-target}"
 lib="$target_dir/$profile"
 out="$target_dir/c-tests/$profile"
@@ -52,7 +54,7 @@ mkdir -p "$out"
 
 # The programs record the library's SONAME (libmla_cache.so.MAJOR), which
 # they find through a link next to them.
-major="$(sed -n 's/^version = "\([0-9]*\)\..*"/\1/p' Cargo.toml | head -n 1)"
+major="$(sed -n 's/^version = "\([0-9]*\)\..*"/\1/p' capi/Cargo.toml | head -n 1)"
 mkdir -p "$out/lib"
 ln -sfn "$(cd "$lib" && pwd)/libmla_cache.so" "$out/lib/libmla_cache.so.$major"
 warn=(-Wall -Wextra -Werror -g -O1 "${defines[@]}")

@@ -7,7 +7,7 @@
 #   scripts/install-capi.sh PREFIX [--no-build | --lib-dir DIR]
 #
 #   --no-build     install what target/release holds (built already)
-#   --lib-dir DIR  install the libraries from DIR (built already, with capi)
+#   --lib-dir DIR  install the libraries from DIR (built already, from capi/)
 #
 # installs
 #   PREFIX/include/mla_cache.h
@@ -40,9 +40,9 @@ case "${2:-}" in
 esac
 
 if [[ $build == 1 ]]; then
-    cargo build --release --lib --features capi
+    cargo build --release -p mla-cache-capi
 fi
-version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' capi/Cargo.toml | head -n 1)"
 major="${version%%.*}"
 minor="$(echo "$version" | cut -d. -f2)"
 so="$lib/libmla_cache.so"
@@ -53,7 +53,7 @@ static_deps="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
 # needs no libpython (the Python extension is another product, lib_native.so).
 fail() { echo "install-capi.sh: $so is not the C library: $1" >&2; exit 1; }
 [[ -f $so ]] || fail "not found"
-nm -D --defined-only "$so" | grep -qw mla_version || fail "it does not export the C ABI (built without --features capi?)"
+nm -D --defined-only "$so" | grep -qw mla_version || fail "it does not export the C ABI (not built from capi/?)"
 ! nm -D --defined-only "$so" | grep -q PyInit_ || fail "it is a Python extension"
 ! readelf -d "$so" | grep NEEDED | grep -q libpython || fail "it needs libpython"
 soname="$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"

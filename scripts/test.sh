@@ -23,7 +23,7 @@ features=capi,cuda,remote-redis
 
 echo "== rustfmt and clippy"
 cargo fmt --check
-cargo clippy --release --features "$features,python" --all-targets -- -D warnings
+cargo clippy --release --workspace --features "$features,python" --all-targets -- -D warnings
 
 echo "== redis servers for the remote tier"
 eval "$(scripts/redis.sh start)"
@@ -31,7 +31,7 @@ trap 'scripts/redis.sh stop' EXIT
 export MLA_CACHE_REQUIRE_REDIS=1
 
 echo "== cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile + emulation)"
-cargo test --release --features "$features" --all-targets
+cargo test --release --workspace --features "$features" --all-targets
 cargo test --release --features "$features" --doc
 
 echo "== eviction policies with debug assertions (the contract's checks)"

@@ -1,5 +1,6 @@
-//! The Python extension is its own package (`pyext/`), so that it never
-//! shares a path with the C library; its wheel carries the library's version.
+//! The Python extension (`pyext/`) and the C library (`capi/`) are packages
+//! of their own, so that they never share a path and the core is an rlib
+//! only; both carry the library's version.
 
 use std::path::Path;
 
@@ -22,4 +23,25 @@ fn the_extension_package_has_the_library_version() {
 fn maturin_builds_the_extension_package() {
     let pyproject = read("pyproject.toml");
     assert!(pyproject.contains("manifest-path = \"pyext/Cargo.toml\""));
+}
+
+#[test]
+fn the_c_library_package_has_the_library_version_and_name() {
+    let manifest = read("capi/Cargo.toml");
+    let version = format!("\nversion = \"{}\"\n", env!("CARGO_PKG_VERSION"));
+    assert!(
+        manifest.contains(&version),
+        "capi/Cargo.toml lacks {version}"
+    );
+    assert!(manifest.contains("name = \"mla_cache\""));
+    assert!(manifest.contains("crate-type = [\"cdylib\", \"staticlib\"]"));
+}
+
+#[test]
+fn the_core_is_an_rlib_only() {
+    let manifest = read("Cargo.toml");
+    assert!(
+        !manifest.contains("crate-type"),
+        "the core builds no C library"
+    );
 }

@@ -1,7 +1,7 @@
 // mla_cache from C++: admit, append, fork and free requests on a block
 // manager, and write/gather their latents on a host store.
 //
-// Build (after `cargo build --release --features capi`, from the repository root):
+// Build (after `cargo build --release -p mla-cache-capi`, from the repository root):
 //   g++ -std=c++17 -O2 examples/cpp/example.cpp -Iinclude -Ltarget/release
 //       -lmla_cache -Wl,-rpath,$PWD/target/release -o example
 // or, once installed (scripts/install-capi.sh PREFIX):

@@ -347,7 +347,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def c_publisher(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """tests/c/publisher_main.c built against the library's C ABI."""
-    subprocess.run(["cargo", "build", "--release", "--lib", "--features", "capi", "--quiet"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-p", "mla-cache-capi", "--quiet"], cwd=ROOT, check=True)
     lib = ROOT / "target" / "release"
     out = tmp_path_factory.mktemp("c")
     exe = out / "publisher_main"

@@ -1,5 +1,6 @@
-//! Builds the C and C++ programs under `tests/c/` and `examples/cpp/`
-//! against the library cargo built for this test run, and runs them:
+//! Builds the C library for this test run's profile and features, then the
+//! C and C++ programs under `tests/c/` and `examples/cpp/` against it, and
+//! runs them:
 //! - `test_abi.c`: every function and error status, linked to the shared library;
 //! - `test_batch.c`: the batched calls, the request queries, the enums' widths;
 //! - `test_wrapper.cpp`: the C++ wrapper `mla_cache.hpp` and batched decode steps;
@@ -10,24 +11,69 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
+/// The repository's root (this package is `capi/` in it).
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
 }
 
-/// Where cargo put `libmla_cache.so` and `libmla_cache.a` for this run
-/// (the `deps` directory next to this test's executable).
+/// The directory of `libmla_cache.so` and `libmla_cache.a`, built once per
+/// run (`target/<profile>/deps`, next to this test's executable). Cargo does
+/// not build a package's `cdylib` and `staticlib` for its integration tests
+/// (they cannot link them), and a `cdylib` has one path whatever its
+/// features, so the test builds the library itself with its own profile and
+/// features rather than trust whichever build wrote that path last.
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().to_path_buf();
-    for lib in ["libmla_cache.so", "libmla_cache.a"] {
-        assert!(
-            dir.join(lib).exists(),
-            "{lib} not found in {}",
-            dir.display()
-        );
-    }
-    dir
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let profile_dir = deps.parent().unwrap();
+        let profile = profile_dir.file_name().unwrap().to_str().unwrap();
+        let features: Vec<&str> = [
+            (cfg!(feature = "cuda"), "cuda"),
+            (cfg!(feature = "remote-redis"), "remote-redis"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "mla-cache-capi",
+                "--manifest-path",
+            ])
+            .arg(root().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(profile_dir.parent().unwrap());
+        match profile {
+            "debug" => {}
+            "release" => {
+                cargo.arg("--release");
+            }
+            other => {
+                cargo.args(["--profile", other]);
+            }
+        }
+        if !features.is_empty() {
+            cargo.args(["--features", &features.join(",")]);
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success(), "building the C library failed: {status}");
+        for lib in ["libmla_cache.so", "libmla_cache.a"] {
+            assert!(
+                deps.join(lib).exists(),
+                "{lib} not found in {}",
+                deps.display()
+            );
+        }
+        deps.to_path_buf()
+    })
+    .clone()
 }
 
 fn out_dir() -> PathBuf {
