@@ -18,7 +18,7 @@ use cuda_common::*;
 use half::bf16;
 use mla_cache::codec::ElemType;
 use mla_cache::store::cuda::{self, KernelLaunch};
-use mla_cache::store::{HostStore, LatentStore, MatrixDesc, VectorDesc};
+use mla_cache::store::{HostStore, LatentStore, MatrixDesc, Part, VectorDesc};
 use mla_cache::{BlockId, CacheConfig, Dtype};
 
 type EmuLaunch =
@@ -123,9 +123,12 @@ fn write_case(
     let mut cache = vec![FILL; config.num_tokens() * bpt];
     let launch = cuda::write_launch(
         &config,
+        Part::Latent,
         cache.as_mut_ptr() as u64,
-        &c_kv.desc_at(c_kv.bytes().as_ptr() as usize, tokens, config.kv_lora_rank),
-        &k_pe.desc_at(k_pe.bytes().as_ptr() as usize, tokens, config.rope_dim),
+        &[
+            c_kv.desc_at(c_kv.bytes().as_ptr() as usize, tokens, config.kv_lora_rank),
+            k_pe.desc_at(k_pe.bytes().as_ptr() as usize, tokens, config.rope_dim),
+        ],
         &VectorDesc::from_slice(&slots),
     )
     .unwrap()
@@ -194,9 +197,9 @@ fn write_with_row_strides() {
         };
         let launch = cuda::write_launch(
             &config,
+            Part::Latent,
             cache.as_mut_ptr() as u64,
-            &ckv,
-            &kpe,
+            &[ckv, kpe],
             &VectorDesc::from_slice(&slots),
         )
         .unwrap()
@@ -232,6 +235,7 @@ fn gather_case(emu: EmuLaunch, dtype: Dtype, tokens: usize, seed: u64) {
     let out = MatrixDesc::contiguous(got_f32.as_mut_ptr() as usize, ElemType::F32, tokens, width);
     let launch = cuda::gather_launch(
         &config,
+        Part::Latent,
         cache.as_ptr() as u64,
         &VectorDesc::from_slice(&table),
         &out,
@@ -258,6 +262,7 @@ fn gather_case(emu: EmuLaunch, dtype: Dtype, tokens: usize, seed: u64) {
     );
     let launch = cuda::gather_launch(
         &config,
+        Part::Latent,
         cache.as_ptr() as u64,
         &VectorDesc::from_slice(&table),
         &out,
@@ -327,6 +332,7 @@ fn gather_decodes_codes_the_encoder_never_writes() {
             emu,
             cuda::gather_launch(
                 &config,
+                Part::Latent,
                 cache.as_ptr() as u64,
                 &VectorDesc::from_slice(&table),
                 &out,
@@ -419,10 +425,11 @@ fn indexer_write_matches_cpu_codec() {
             let expected = indexer_bytes(&host, 1);
 
             let mut cache = vec![FILL; expected.len()];
-            let launch = cuda::indexer_write_launch(
+            let launch = cuda::write_launch(
                 &config,
+                Part::Indexer,
                 cache.as_mut_ptr() as u64,
-                &keys.desc_at(keys.bytes().as_ptr() as usize, tokens, head_dim),
+                &[keys.desc_at(keys.bytes().as_ptr() as usize, tokens, head_dim)],
                 &VectorDesc::from_slice(&slots),
             )
             .unwrap()
@@ -485,9 +492,15 @@ fn indexer_gathers_match_cpu_codec() {
         let table_desc = VectorDesc::from_slice(&table);
         run(
             emu,
-            cuda::indexer_gather_launch(&config, cache.as_ptr() as u64, &table_desc, &out)
-                .unwrap()
-                .unwrap(),
+            cuda::gather_launch(
+                &config,
+                Part::Indexer,
+                cache.as_ptr() as u64,
+                &table_desc,
+                &out,
+            )
+            .unwrap()
+            .unwrap(),
         );
         let bits = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         check_decoded(
@@ -505,9 +518,15 @@ fn indexer_gathers_match_cpu_codec() {
             MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::Bf16, tokens, head_dim);
         run(
             emu,
-            cuda::indexer_gather_launch(&config, cache.as_ptr() as u64, &table_desc, &out)
-                .unwrap()
-                .unwrap(),
+            cuda::gather_launch(
+                &config,
+                Part::Indexer,
+                cache.as_ptr() as u64,
+                &table_desc,
+                &out,
+            )
+            .unwrap()
+            .unwrap(),
         );
         assert!(
             got == expected,

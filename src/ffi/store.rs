@@ -11,7 +11,7 @@ use super::{
 };
 use crate::codec::TokenLayout;
 use crate::store::{
-    Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Stream, VectorDesc,
+    Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Part, Stream, VectorDesc,
 };
 use crate::tier::BlockTransfer;
 use crate::CacheConfig;
@@ -178,6 +178,74 @@ unsafe fn matrix(m: *const MlaMatrix, what: &str) -> FfiResult<MatrixDesc> {
     })
 }
 
+/// The block table of a gather (`num_block_ids` ids at `block_table`).
+fn block_table(
+    block_table: *const MlaBlockId,
+    num_block_ids: usize,
+) -> FfiResult<VectorDesc<MlaBlockId>> {
+    if block_table.is_null() && num_block_ids > 0 {
+        return Err(Failure::null("block_table"));
+    }
+    Ok(VectorDesc::new(block_table as usize, num_block_ids))
+}
+
+/// A write of `part` (`mla_store_write`, `mla_store_write_indexer`): the
+/// C descriptors `rows`, each with its argument's name, then the slots.
+///
+/// # Safety
+/// As for `mla_store_write`.
+unsafe fn write_part(
+    store: *const MlaStore,
+    part: Part,
+    layer: usize,
+    rows: &[(*const MlaMatrix, &str)],
+    slot_mapping: *const i64,
+    num_slots: usize,
+    stream: *mut c_void,
+) -> FfiResult<()> {
+    let rows = rows
+        .iter()
+        // SAFETY: per the contract.
+        .map(|&(m, name)| unsafe { matrix(m, name) })
+        .collect::<FfiResult<Vec<_>>>()?;
+    if slot_mapping.is_null() && num_slots > 0 {
+        return Err(Failure::null("slot_mapping"));
+    }
+    let slots = VectorDesc::new(slot_mapping as usize, num_slots);
+    STORES.with(store, |s| {
+        // SAFETY: per the contract.
+        Ok(unsafe {
+            s.inner
+                .write_part_raw(part, layer, &rows, slots, Stream(stream as usize))
+        }?)
+    })
+}
+
+/// A gather of `part` (`mla_store_gather`, `mla_store_gather_indexer`).
+///
+/// # Safety
+/// As for `mla_store_gather`.
+unsafe fn gather_part(
+    store: *const MlaStore,
+    part: Part,
+    layer: usize,
+    block_table_ids: *const MlaBlockId,
+    num_block_ids: usize,
+    out: *const MlaMatrix,
+    stream: *mut c_void,
+) -> FfiResult<()> {
+    // SAFETY: per the contract.
+    let out = unsafe { matrix(out, "out") }?;
+    let table = block_table(block_table_ids, num_block_ids)?;
+    STORES.with(store, |s| {
+        // SAFETY: per the contract.
+        Ok(unsafe {
+            s.inner
+                .gather_part_raw(part, layer, table, out, Stream(stream as usize))
+        }?)
+    })
+}
+
 fn create(
     config: *const MlaConfig,
     out: *mut *mut MlaStore,
@@ -313,18 +381,19 @@ pub unsafe extern "C" fn mla_store_write(
     stream: *mut c_void,
 ) -> MlaStatus {
     guard("mla_store_write", || {
-        // SAFETY: per the contract, for every pointer below.
-        let (c_kv, k_pe) = unsafe { (matrix(c_kv, "c_kv")?, matrix(k_pe, "k_pe")?) };
-        if slot_mapping.is_null() && num_slots > 0 {
-            return Err(Failure::null("slot_mapping"));
+        let rows = [(c_kv, "c_kv"), (k_pe, "k_pe")];
+        // SAFETY: per the contract.
+        unsafe {
+            write_part(
+                store,
+                Part::Latent,
+                layer,
+                &rows,
+                slot_mapping,
+                num_slots,
+                stream,
+            )
         }
-        let slots = VectorDesc::new(slot_mapping as usize, num_slots);
-        STORES.with(store, |s| {
-            Ok(unsafe {
-                s.inner
-                    .write_raw(layer, c_kv, k_pe, slots, Stream(stream as usize))
-            }?)
-        })
     })
 }
 
@@ -351,17 +420,17 @@ pub unsafe extern "C" fn mla_store_gather(
 ) -> MlaStatus {
     guard("mla_store_gather", || {
         // SAFETY: per the contract.
-        let out = unsafe { matrix(out, "out") }?;
-        if block_table.is_null() && num_block_ids > 0 {
-            return Err(Failure::null("block_table"));
+        unsafe {
+            gather_part(
+                store,
+                Part::Latent,
+                layer,
+                block_table,
+                num_block_ids,
+                out,
+                stream,
+            )
         }
-        let table = VectorDesc::new(block_table as usize, num_block_ids);
-        STORES.with(store, |s| {
-            Ok(unsafe {
-                s.inner
-                    .gather_raw(layer, table, out, Stream(stream as usize))
-            }?)
-        })
     })
 }
 
@@ -446,18 +515,19 @@ pub unsafe extern "C" fn mla_store_write_indexer(
     stream: *mut c_void,
 ) -> MlaStatus {
     guard("mla_store_write_indexer", || {
+        let rows = [(keys, "keys")];
         // SAFETY: per the contract.
-        let keys = unsafe { matrix(keys, "keys") }?;
-        if slot_mapping.is_null() && num_slots > 0 {
-            return Err(Failure::null("slot_mapping"));
+        unsafe {
+            write_part(
+                store,
+                Part::Indexer,
+                layer,
+                &rows,
+                slot_mapping,
+                num_slots,
+                stream,
+            )
         }
-        let slots = VectorDesc::new(slot_mapping as usize, num_slots);
-        STORES.with(store, |s| {
-            Ok(unsafe {
-                s.inner
-                    .write_indexer_raw(layer, keys, slots, Stream(stream as usize))
-            }?)
-        })
     })
 }
 
@@ -480,17 +550,17 @@ pub unsafe extern "C" fn mla_store_gather_indexer(
 ) -> MlaStatus {
     guard("mla_store_gather_indexer", || {
         // SAFETY: per the contract.
-        let out = unsafe { matrix(out, "out") }?;
-        if block_table.is_null() && num_block_ids > 0 {
-            return Err(Failure::null("block_table"));
+        unsafe {
+            gather_part(
+                store,
+                Part::Indexer,
+                layer,
+                block_table,
+                num_block_ids,
+                out,
+                stream,
+            )
         }
-        let table = VectorDesc::new(block_table as usize, num_block_ids);
-        STORES.with(store, |s| {
-            Ok(unsafe {
-                s.inner
-                    .gather_indexer_raw(layer, table, out, Stream(stream as usize))
-            }?)
-        })
     })
 }
 
@@ -517,10 +587,7 @@ pub unsafe extern "C" fn mla_store_gather_indexer_quantized(
     stream: *mut c_void,
 ) -> MlaStatus {
     guard("mla_store_gather_indexer_quantized", || {
-        if block_table.is_null() && num_block_ids > 0 {
-            return Err(Failure::null("block_table"));
-        }
-        let table = VectorDesc::new(block_table as usize, num_block_ids);
+        let table = self::block_table(block_table, num_block_ids)?;
         STORES.with(store, |s| {
             let head_dim = s.inner.config().indexer.map_or(0, |i| i.head_dim);
             let codes = VectorDesc::new(codes as usize, num_tokens.saturating_mul(head_dim));

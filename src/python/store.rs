@@ -16,7 +16,9 @@ use super::ints;
 use super::layer_buffer::{BufferView, LayerBuffer};
 use super::tensors::{device_name, is_raw_tuple, Elem, Tensor};
 use crate::codec::ElemType;
-use crate::store::{self, Device, HostStore, HostStoreOptions, MatrixDesc, Stream, VectorDesc};
+use crate::store::{
+    self, Device, HostStore, HostStoreOptions, MatrixDesc, Part, Stream, VectorDesc,
+};
 use crate::tier::BlockTransfer;
 use crate::{config, Error, Result};
 
@@ -49,9 +51,6 @@ type Opened = (Arc<dyn store::LatentStore>, Arc<dyn BlockTransfer>);
 
 /// Stored indexer keys as host arrays: e4m3 codes and fp32 scales.
 type QuantizedKeys<'py> = (Bound<'py, PyArray2<u8>>, Bound<'py, PyArray1<f32>>);
-
-/// The raw call a gather makes once its arguments are checked.
-type GatherCall<'a> = &'a (dyn Fn(VectorDesc<crate::BlockId>, MatrixDesc) -> Result<()> + Sync);
 
 /// Shares a freshly opened store as both views.
 fn opened<S: store::LatentStore + BlockTransfer + 'static>(s: S) -> Opened {
@@ -200,21 +199,65 @@ impl LatentStore {
         Ok(())
     }
 
-    /// A gather of `num_tokens` rows of `width` values through `block_table`
-    /// into `out` or a new host array of `dtype`: checks the arguments, then
-    /// runs `call` without the GIL. Returns the output.
+    /// A write of `part` (`write`, `write_indexer`): row `t` of each of
+    /// `rows` (the part's inputs, in order) to slot `slot_mapping[t]`;
+    /// checks the arguments, then writes without the GIL.
+    fn write_part(
+        &self,
+        py: Python<'_>,
+        part: Part,
+        layer: usize,
+        rows: &[&Bound<'_, PyAny>],
+        slot_mapping: &Bound<'_, PyAny>,
+        stream: usize,
+    ) -> PyResult<()> {
+        let inputs = part
+            .write_inputs(self.store.config())
+            .map_err(errors::to_py)?;
+        let mut descs = Vec::with_capacity(rows.len());
+        let mut _tensors = Vec::with_capacity(rows.len());
+        for (obj, &(name, _)) in rows.iter().zip(&inputs) {
+            let (desc, tensor) = self.matrix(obj, name, &ElemType::ALL, stream, false)?;
+            descs.push(desc);
+            _tensors.push(tensor);
+        }
+        let slots = self.int_arg(
+            slot_mapping,
+            "slot_mapping",
+            (&[Elem::I64], "int64"),
+            int_arrays::slots,
+            stream,
+        )?;
+        self.disjoint("slot_mapping", slots.desc.addr, slots.desc.len * 8)?;
+        let store = &self.store;
+        let desc = slots.desc;
+        // SAFETY: the descriptors describe memory of the store's device kept
+        // alive by `_tensors` and `slots` for this call (a GPU store's caller
+        // keeps them until the stream reaches the write), checked above not to
+        // overlap the store.
+        py.detach(|| unsafe { store.write_part_raw(part, layer, &descs, desc, Stream(stream)) })
+            .map_err(errors::to_py)
+    }
+
+    /// A gather of `part` of `num_tokens` rows through `block_table` into
+    /// `out` or a new host array of `dtype` (`gather`, `gather_indexer`):
+    /// checks the arguments, then gathers without the GIL. Returns the
+    /// output.
     #[allow(clippy::too_many_arguments)]
-    fn gather_rows<'py>(
+    fn gather_part<'py>(
         &self,
         py: Python<'py>,
+        part: Part,
+        layer: usize,
         block_table: &Bound<'py, PyAny>,
         num_tokens: usize,
-        width: usize,
         dtype: Option<&str>,
         out: Option<Bound<'py, PyAny>>,
         stream: usize,
-        call: GatherCall<'_>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let width = part
+            .gather_width(self.store.config())
+            .map_err(errors::to_py)?;
         let elem = match dtype.map(|d| (d, Elem::parse(d))) {
             None => None,
             Some((_, Some(Elem::Float(e @ (ElemType::F32 | ElemType::Bf16))))) => Some(e),
@@ -256,8 +299,11 @@ impl LatentStore {
                 o.elem
             )));
         }
-        let desc = table.desc;
-        py.detach(|| call(desc, o)).map_err(errors::to_py)?;
+        let (desc, store) = (table.desc, &self.store);
+        // SAFETY: the table and `out` are kept alive by `table` and `_o` for
+        // this call, `out` checked writable and disjoint from the store.
+        py.detach(|| unsafe { store.gather_part_raw(part, layer, desc, o, Stream(stream)) })
+            .map_err(errors::to_py)?;
         Ok(out)
     }
 
@@ -344,24 +390,7 @@ impl LatentStore {
         slot_mapping: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<()> {
-        let (c, _c) = self.matrix(c_kv, "c_kv", &ElemType::ALL, stream, false)?;
-        let (k, _k) = self.matrix(k_pe, "k_pe", &ElemType::ALL, stream, false)?;
-        let slots = self.int_arg(
-            slot_mapping,
-            "slot_mapping",
-            (&[Elem::I64], "int64"),
-            int_arrays::slots,
-            stream,
-        )?;
-        self.disjoint("slot_mapping", slots.desc.addr, slots.desc.len * 8)?;
-        let store = &self.store;
-        let desc = slots.desc;
-        // SAFETY: the descriptors describe memory of the store's device kept
-        // alive by `_c`, `_k` and `slots` for this call (a GPU store's caller
-        // keeps them until the stream reaches the write), checked above not to
-        // overlap the store.
-        py.detach(|| unsafe { store.write_raw(layer, c, k, desc, Stream(stream)) })
-            .map_err(errors::to_py)
+        self.write_part(py, Part::Latent, layer, &[c_kv, k_pe], slot_mapping, stream)
     }
 
     /// Decodes the first ``num_tokens`` tokens of a sequence whose blocks are
@@ -382,20 +411,15 @@ impl LatentStore {
         out: Option<Bound<'py, PyAny>>,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let store = &self.store;
-        let width = store.config().elements_per_token();
-        // SAFETY: the descriptors `gather_rows` passes describe memory it
-        // keeps alive for this call, `out` writable and disjoint from the store.
-        let call = |table, out| unsafe { store.gather_raw(layer, table, out, Stream(stream)) };
-        self.gather_rows(
+        self.gather_part(
             py,
+            Part::Latent,
+            layer,
             block_table,
             num_tokens,
-            width,
             dtype,
             out,
             stream,
-            &call,
         )
     }
 
@@ -413,22 +437,7 @@ impl LatentStore {
         slot_mapping: &Bound<'_, PyAny>,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<()> {
-        self.head_dim()?;
-        let (k, _k) = self.matrix(keys, "keys", &ElemType::ALL, stream, false)?;
-        let slots = self.int_arg(
-            slot_mapping,
-            "slot_mapping",
-            (&[Elem::I64], "int64"),
-            int_arrays::slots,
-            stream,
-        )?;
-        self.disjoint("slot_mapping", slots.desc.addr, slots.desc.len * 8)?;
-        let store = &self.store;
-        let desc = slots.desc;
-        // SAFETY: as in `write`: memory kept alive by `_k` and `slots`,
-        // disjoint from the store.
-        py.detach(|| unsafe { store.write_indexer_raw(layer, k, desc, Stream(stream)) })
-            .map_err(errors::to_py)
+        self.write_part(py, Part::Indexer, layer, &[keys], slot_mapping, stream)
     }
 
     /// Dequantizes the indexer keys of the first ``num_tokens`` tokens of a
@@ -446,20 +455,15 @@ impl LatentStore {
         out: Option<Bound<'py, PyAny>>,
         #[pyo3(from_py_with = ints::size)] stream: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let width = self.head_dim()?;
-        let store = &self.store;
-        // SAFETY: as in `gather`.
-        let call =
-            |table, out| unsafe { store.gather_indexer_raw(layer, table, out, Stream(stream)) };
-        self.gather_rows(
+        self.gather_part(
             py,
+            Part::Indexer,
+            layer,
             block_table,
             num_tokens,
-            width,
             dtype,
             out,
             stream,
-            &call,
         )
     }
 

@@ -19,9 +19,9 @@ use half::bf16;
 
 use super::{
     check_block, check_block_io, check_copy_pairs, check_gather_args, check_indexer,
-    check_indexer_gather_args, check_indexer_quantized_args, check_indexer_write_args, check_layer,
-    check_write_args, indexer_codec, indexer_view_at, layer_view_at, BlockParts, Device,
-    IndexerView, LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
+    check_indexer_quantized_args, check_layer, check_write_args, indexer_codec, indexer_view_at,
+    layer_view_at, BlockParts, Device, IndexerView, LatentStore, LayerView, MatrixDesc, Part,
+    Stream, VectorDesc,
 };
 use crate::codec::{Codec, Decoded, IndexerCodec, Values};
 use crate::config::CacheConfig;
@@ -136,18 +136,38 @@ impl HostStore {
         k_pe: impl Into<Values<'a>>,
         slot_mapping: &[i64],
     ) -> Result<()> {
-        let tokens = slot_mapping.len();
-        let c_kv = matrix_of(c_kv.into(), "c_kv", tokens, self.config.kv_lora_rank)?;
-        let k_pe = matrix_of(k_pe.into(), "k_pe", tokens, self.config.rope_dim)?;
+        self.write_part(
+            Part::Latent,
+            layer,
+            &[c_kv.into(), k_pe.into()],
+            slot_mapping,
+        )
+    }
+
+    /// Quantizes and stores `T = slot_mapping.len()` rows of each of `rows`
+    /// (the part's [`Part::write_inputs`], row-major) into `part`.
+    fn write_part(
+        &self,
+        part: Part,
+        layer: usize,
+        rows: &[Values<'_>],
+        slot_mapping: &[i64],
+    ) -> Result<()> {
+        let inputs = part.write_inputs(&self.config)?;
+        let rows = rows
+            .iter()
+            .zip(&inputs)
+            .map(|(&v, &(name, width))| matrix_of(v, name, slot_mapping.len(), width))
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: the descriptors cover borrowed slices that live, unchanged,
         // for the whole call, and shared borrows cannot alias the store's
         // memory, which is only reachable through `&self` methods that never
         // hand out references beyond a call.
         unsafe {
-            self.write_raw(
+            self.write_part_raw(
+                part,
                 layer,
-                c_kv,
-                k_pe,
+                &rows,
                 VectorDesc::from_slice(slot_mapping),
                 Stream::default(),
             )
@@ -162,10 +182,22 @@ impl HostStore {
         block_table: &[BlockId],
         out: &mut [O],
     ) -> Result<()> {
-        let width = self.config.elements_per_token();
+        self.gather_part_into(Part::Latent, layer, block_table, out)
+    }
+
+    /// Decodes `part` of the first `out.len() / width` tokens of a sequence
+    /// with `block_table` into `out` (the part's [`Part::gather_width`]).
+    fn gather_part_into<O: Decoded>(
+        &self,
+        part: Part,
+        layer: usize,
+        block_table: &[BlockId],
+        out: &mut [O],
+    ) -> Result<()> {
+        let width = part.gather_width(&self.config)?;
         if out.len() % width != 0 {
             return Err(Error::InvalidArgument(format!(
-                "out: {} values is not a whole number of {width}-value tokens",
+                "out: {} values is not a whole number of {width}-value rows",
                 out.len()
             )));
         }
@@ -174,7 +206,8 @@ impl HostStore {
         // SAFETY: `out` is an exclusive borrow and `block_table` a shared one,
         // both alive for the call, and neither can alias the store's memory.
         unsafe {
-            self.gather_raw(
+            self.gather_part_raw(
+                part,
                 layer,
                 VectorDesc::from_slice(block_table),
                 out,
@@ -289,17 +322,7 @@ impl HostStore {
         keys: impl Into<Values<'a>>,
         slot_mapping: &[i64],
     ) -> Result<()> {
-        let head_dim = check_indexer(&self.config)?.head_dim;
-        let keys = matrix_of(keys.into(), "keys", slot_mapping.len(), head_dim)?;
-        // SAFETY: as in `write`: borrowed slices that cannot alias the store.
-        unsafe {
-            self.write_indexer_raw(
-                layer,
-                keys,
-                VectorDesc::from_slice(slot_mapping),
-                Stream::default(),
-            )
-        }
+        self.write_part(Part::Indexer, layer, &[keys.into()], slot_mapping)
     }
 
     /// Dequantizes the indexer keys of the first `out.len() / head_dim`
@@ -310,28 +333,7 @@ impl HostStore {
         block_table: &[BlockId],
         out: &mut [O],
     ) -> Result<()> {
-        let head_dim = check_indexer(&self.config)?.head_dim;
-        if out.len() % head_dim != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "out: {} values is not a whole number of {head_dim}-value keys",
-                out.len()
-            )));
-        }
-        let out = MatrixDesc::contiguous(
-            out.as_mut_ptr() as usize,
-            O::TYPE,
-            out.len() / head_dim,
-            head_dim,
-        );
-        // SAFETY: as in `gather_into`.
-        unsafe {
-            self.gather_indexer_raw(
-                layer,
-                VectorDesc::from_slice(block_table),
-                out,
-                Stream::default(),
-            )
-        }
+        self.gather_part_into(Part::Indexer, layer, block_table, out)
     }
 
     /// Copies the stored codes (`scales.len() x head_dim` bytes) and scales
@@ -458,56 +460,65 @@ impl LatentStore for HostStore {
         Device::Host
     }
 
-    unsafe fn write_raw(
+    unsafe fn write_part_raw(
         &self,
+        part: Part,
         layer: usize,
-        c_kv: MatrixDesc,
-        k_pe: MatrixDesc,
+        rows: &[MatrixDesc],
         slot_mapping: VectorDesc<i64>,
         _stream: Stream,
     ) -> Result<()> {
-        check_write_args(&self.config, layer, &c_kv, &k_pe, &slot_mapping)?;
+        check_write_args(&self.config, part, layer, rows, &slot_mapping)?;
         // SAFETY: checked; readable per the contract.
         let slots = unsafe { self.checked_slots(&slot_mapping) }?;
         let bpt = self.codec.bytes_per_token();
+        // The indexer codec's scratch (one widened key); empty for latents.
+        let wide_len = match (part, self.indexer) {
+            (Part::Indexer, Some(codec)) => codec.head_dim(),
+            _ => 0,
+        };
+        let mut wide = vec![0f32; wide_len];
         let _guard = self.layers[layer].write();
         // SAFETY: the layer's write lock is held until the end of the scope.
-        let memory = unsafe { self.layer_slice_mut(layer) };
+        let memory = unsafe { self.part_slice_mut(part, layer) };
         for (t, &slot) in slots.iter().enumerate() {
             if slot < 0 {
                 continue;
             }
             // SAFETY: row `t` of each descriptor was checked to lie within its
             // extent, with the right alignment; readable per the contract.
-            let (c, k) = unsafe {
-                (
-                    Values::from_raw(
-                        c_kv.elem,
-                        (c_kv.addr + t * c_kv.row_stride) as *const u8,
-                        c_kv.cols,
-                    ),
-                    Values::from_raw(
-                        k_pe.elem,
-                        (k_pe.addr + t * k_pe.row_stride) as *const u8,
-                        k_pe.cols,
-                    ),
-                )
+            let row = |m: &MatrixDesc| unsafe {
+                Values::from_raw(m.elem, (m.addr + t * m.row_stride) as *const u8, m.cols)
             };
-            let start = slot as usize * bpt;
-            self.codec
-                .encode_unchecked(c, k, &mut memory[start..start + bpt]);
+            let slot = slot as usize;
+            match (part, self.indexer) {
+                (Part::Latent, _) => self.codec.encode_unchecked(
+                    row(&rows[0]),
+                    row(&rows[1]),
+                    &mut memory[slot * bpt..(slot + 1) * bpt],
+                ),
+                (Part::Indexer, Some(codec)) => {
+                    let (block, offset) = (slot / codec.block_size(), slot % codec.block_size());
+                    let bytes = codec.block_bytes();
+                    let block = &mut memory[block * bytes..(block + 1) * bytes];
+                    codec.encode_unchecked(row(&rows[0]), block, offset, &mut wide);
+                }
+                // Unreachable: the args check needs an indexer.
+                (Part::Indexer, None) => {}
+            }
         }
         Ok(())
     }
 
-    unsafe fn gather_raw(
+    unsafe fn gather_part_raw(
         &self,
+        part: Part,
         layer: usize,
         block_table: VectorDesc<BlockId>,
         out: MatrixDesc,
         _stream: Stream,
     ) -> Result<()> {
-        let blocks = check_gather_args(&self.config, layer, &block_table, &out)?;
+        let blocks = check_gather_args(&self.config, part, layer, &block_table, &out)?;
         if out.rows == 0 {
             return Ok(());
         }
@@ -516,12 +527,12 @@ impl LatentStore for HostStore {
         match out.elem {
             crate::codec::ElemType::F32 => {
                 // SAFETY: forwarded; `out` holds f32.
-                unsafe { self.gather_rows::<f32>(layer, table, &out) }
+                unsafe { self.gather_rows::<f32>(part, layer, table, &out) }
             }
             _ => {
                 // SAFETY: forwarded; `out` holds bf16 (the only other type
                 // `check_gather_args` accepts).
-                unsafe { self.gather_rows::<bf16>(layer, table, &out) }
+                unsafe { self.gather_rows::<bf16>(part, layer, table, &out) }
             }
         }
         Ok(())
@@ -554,85 +565,6 @@ impl LatentStore for HostStore {
         check_layer(&self.config, layer)?;
         let addr = self.memory.ptr as usize + layer * self.layer_stride;
         Ok(layer_view_at(&self.config, &self.codec, Device::Host, addr))
-    }
-
-    unsafe fn write_indexer_raw(
-        &self,
-        layer: usize,
-        keys: MatrixDesc,
-        slot_mapping: VectorDesc<i64>,
-        _stream: Stream,
-    ) -> Result<()> {
-        check_indexer_write_args(&self.config, layer, &keys, &slot_mapping)?;
-        // SAFETY: checked; readable per the contract.
-        let slots = unsafe { self.checked_slots(&slot_mapping) }?;
-        let Some(codec) = self.indexer else {
-            return Ok(()); // Unreachable: the args check needs an indexer.
-        };
-        let block_bytes = codec.block_bytes();
-        let mut wide = vec![0f32; codec.head_dim()];
-        let _guard = self.layers[layer].write();
-        // SAFETY: the layer's write lock is held until the end of the scope.
-        let indexer = unsafe { self.indexer_slice_mut(layer) };
-        for (t, &slot) in slots.iter().enumerate() {
-            if slot < 0 {
-                continue;
-            }
-            // SAFETY: row `t` lies within the checked extent of `keys`.
-            let key = unsafe {
-                Values::from_raw(
-                    keys.elem,
-                    (keys.addr + t * keys.row_stride) as *const u8,
-                    keys.cols,
-                )
-            };
-            let (block, offset) = (
-                slot as usize / codec.block_size(),
-                slot as usize % codec.block_size(),
-            );
-            let block = &mut indexer[block * block_bytes..(block + 1) * block_bytes];
-            codec.encode_unchecked(key, block, offset, &mut wide);
-        }
-        Ok(())
-    }
-
-    unsafe fn gather_indexer_raw(
-        &self,
-        layer: usize,
-        block_table: VectorDesc<BlockId>,
-        out: MatrixDesc,
-        _stream: Stream,
-    ) -> Result<()> {
-        let blocks = check_indexer_gather_args(&self.config, layer, &block_table, &out)?;
-        // SAFETY: checked; readable per the contract.
-        let table = unsafe { self.checked_table(&block_table, blocks) }?;
-        let Some(codec) = self.indexer else {
-            return Ok(()); // Unreachable: the args check needs an indexer.
-        };
-        let _guard = self.layers[layer].read();
-        // SAFETY: the layer's read lock is held until the end of the scope.
-        let indexer = unsafe { self.indexer_slice(layer) };
-        for t in 0..out.rows {
-            let block = indexer_block(indexer, &codec, table[t / codec.block_size()]);
-            let addr = out.addr + t * out.row_stride;
-            // SAFETY: row `t` lies within the checked extent of `out`, which
-            // holds the element type matched here.
-            unsafe {
-                match out.elem {
-                    crate::codec::ElemType::F32 => codec.decode_unchecked(
-                        block,
-                        t % codec.block_size(),
-                        std::slice::from_raw_parts_mut(addr as *mut f32, out.cols),
-                    ),
-                    _ => codec.decode_unchecked(
-                        block,
-                        t % codec.block_size(),
-                        std::slice::from_raw_parts_mut(addr as *mut bf16, out.cols),
-                    ),
-                }
-            }
-        }
-        Ok(())
     }
 
     unsafe fn gather_indexer_quantized_raw(
@@ -742,24 +674,69 @@ impl HostStore {
         Ok(table)
     }
 
-    /// Decodes `out.rows` tokens through a checked block table.
+    /// Decodes `part` of `out.rows` tokens through a checked block table.
     ///
     /// # Safety
     /// `out` was checked by `check_gather_args`, holds `O`, and is writable
     /// and unaliased for the call.
-    unsafe fn gather_rows<O: Decoded>(&self, layer: usize, table: &[BlockId], out: &MatrixDesc) {
+    unsafe fn gather_rows<O: Decoded>(
+        &self,
+        part: Part,
+        layer: usize,
+        table: &[BlockId],
+        out: &MatrixDesc,
+    ) {
         let (bs, bpt) = (self.config.block_size, self.codec.bytes_per_token());
         let _guard = self.layers[layer].read();
         // SAFETY: the layer's read lock is held until the end of the scope.
-        let memory = unsafe { self.layer_slice(layer) };
+        let memory = unsafe { self.part_slice(part, layer) };
         for t in 0..out.rows {
-            let slot = table[t / bs] as usize * bs + t % bs;
             // SAFETY: row `t` lies within the checked extent of `out`.
             let row = unsafe {
                 std::slice::from_raw_parts_mut((out.addr + t * out.row_stride) as *mut O, out.cols)
             };
-            self.codec
-                .decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
+            let (block, offset) = (table[t / bs], t % bs);
+            match (part, self.indexer) {
+                (Part::Latent, _) => {
+                    let slot = block as usize * bs + offset;
+                    self.codec
+                        .decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
+                }
+                (Part::Indexer, Some(codec)) => {
+                    codec.decode_unchecked(indexer_block(memory, &codec, block), offset, row);
+                }
+                // Unreachable: the args check needs an indexer.
+                (Part::Indexer, None) => {}
+            }
+        }
+    }
+
+    /// The bytes of `part` of `layer` (see [`HostStore::layer_slice`]).
+    ///
+    /// # Safety
+    /// As for [`HostStore::layer_slice`].
+    unsafe fn part_slice(&self, part: Part, layer: usize) -> &[u8] {
+        // SAFETY: forwarded.
+        unsafe {
+            match part {
+                Part::Latent => self.layer_slice(layer),
+                Part::Indexer => self.indexer_slice(layer),
+            }
+        }
+    }
+
+    /// The bytes of `part` of `layer`, mutable.
+    ///
+    /// # Safety
+    /// As for [`HostStore::layer_slice_mut`].
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part_slice_mut(&self, part: Part, layer: usize) -> &mut [u8] {
+        // SAFETY: forwarded.
+        unsafe {
+            match part {
+                Part::Latent => self.layer_slice_mut(layer),
+                Part::Indexer => self.indexer_slice_mut(layer),
+            }
         }
     }
 }

@@ -45,6 +45,38 @@ pub enum Device {
     Cuda(usize),
 }
 
+/// Which part of a block an operation writes or reads: the latents, or
+/// DeepSeek-V3.2's indexer keys, which live beside them under the same block
+/// ids (only when the configuration has an indexer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    /// The latents (`c_kv` and `k_pe` of each token, in the storage format).
+    Latent,
+    /// The indexer keys (`head_dim` e4m3 codes and one fp32 scale per token).
+    Indexer,
+}
+
+impl Part {
+    /// The row inputs a write of this part takes, in order, as (name, values
+    /// per row): `c_kv` and `k_pe`, or `keys`. Fails for the indexer part of
+    /// a configuration without an indexer.
+    pub fn write_inputs(self, config: &CacheConfig) -> Result<Vec<(&'static str, usize)>> {
+        Ok(match self {
+            Part::Latent => vec![("c_kv", config.kv_lora_rank), ("k_pe", config.rope_dim)],
+            Part::Indexer => vec![("keys", check_indexer(config)?.head_dim)],
+        })
+    }
+
+    /// Values per row of a gather of this part: `kv_lora_rank + rope_dim`,
+    /// or the indexer's `head_dim`. Fails as [`Part::write_inputs`] does.
+    pub fn gather_width(self, config: &CacheConfig) -> Result<usize> {
+        match self {
+            Part::Latent => Ok(config.elements_per_token()),
+            Part::Indexer => Ok(check_indexer(config)?.head_dim),
+        }
+    }
+}
+
 /// A 2-D tensor in a store's memory space (host or device): `rows` rows of
 /// `cols` elements of `elem`, consecutive rows `row_stride` bytes apart,
 /// elements within a row contiguous.
@@ -254,17 +286,54 @@ pub trait LatentStore: Send + Sync {
     /// Where the latents live.
     fn device(&self) -> Device;
 
-    /// Quantizes and stores tokens (vLLM's `concat_and_cache_mla`): token
-    /// `t` (row `t` of `c_kv [T, kv_lora_rank]` and `k_pe [T, rope_dim]`, each
-    /// bf16, f16 or f32) goes to slot `slot_mapping[t]` of `layer`; tokens
-    /// with a negative slot are skipped. If a slot appears twice the result
-    /// for that slot is unspecified (the host store keeps the last).
+    /// Quantizes and stores rows into `part` of `layer`: row `t` of each of
+    /// `rows` (the part's [`Part::write_inputs`], `[T, width]` each, bf16, f16
+    /// or f32) goes to slot `slot_mapping[t]`; tokens with a negative slot
+    /// are skipped. If a slot appears twice the result for that slot is
+    /// unspecified (the host store keeps the last). Fails for the indexer
+    /// part unless the configuration has an indexer.
     ///
     /// # Safety
-    /// The three descriptors must describe memory of this store's device,
+    /// The descriptors must describe memory of this store's device,
     /// readable for their whole extent until the operation completes (for
     /// GPU backends: until `stream` reaches it), not written meanwhile, and
     /// not overlapping the store's own memory.
+    unsafe fn write_part_raw(
+        &self,
+        part: Part,
+        layer: usize,
+        rows: &[MatrixDesc],
+        slot_mapping: VectorDesc<i64>,
+        stream: Stream,
+    ) -> Result<()>;
+
+    /// Decodes `part` of the first `out.rows` tokens of a sequence into `out`
+    /// (`[num_tokens, width]` with the part's [`Part::gather_width`], bf16 or
+    /// f32): token `t` is read from block `block_table[t / block_size]`,
+    /// offset `t % block_size`. The table needs at least `ceil(num_tokens /
+    /// block_size)` entries.
+    ///
+    /// # Safety
+    /// `block_table` must be readable and `out` writable for their whole
+    /// extent until the operation completes, in this store's memory space,
+    /// neither touched by anyone else meanwhile nor overlapping each other or
+    /// the store's memory.
+    unsafe fn gather_part_raw(
+        &self,
+        part: Part,
+        layer: usize,
+        block_table: VectorDesc<BlockId>,
+        out: MatrixDesc,
+        stream: Stream,
+    ) -> Result<()>;
+
+    /// Quantizes and stores latents (vLLM's `concat_and_cache_mla`): row `t`
+    /// of `c_kv [T, kv_lora_rank]` and `k_pe [T, rope_dim]` goes to slot
+    /// `slot_mapping[t]` of `layer`. [`LatentStore::write_part_raw`] of
+    /// [`Part::Latent`].
+    ///
+    /// # Safety
+    /// As for [`LatentStore::write_part_raw`].
     unsafe fn write_raw(
         &self,
         layer: usize,
@@ -272,25 +341,27 @@ pub trait LatentStore: Send + Sync {
         k_pe: MatrixDesc,
         slot_mapping: VectorDesc<i64>,
         stream: Stream,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.write_part_raw(Part::Latent, layer, &[c_kv, k_pe], slot_mapping, stream) }
+    }
 
-    /// Decodes the first `out.rows` tokens of a sequence into `out`
-    /// (`[num_tokens, kv_lora_rank + rope_dim]`, bf16 or f32): token `t` is
-    /// read from block `block_table[t / block_size]`, offset `t % block_size`.
-    /// The table needs at least `ceil(num_tokens / block_size)` entries.
+    /// Decodes the latents of the first `out.rows` tokens of a sequence into
+    /// `out` (`[num_tokens, kv_lora_rank + rope_dim]`).
+    /// [`LatentStore::gather_part_raw`] of [`Part::Latent`].
     ///
     /// # Safety
-    /// `block_table` must be readable and `out` writable for their whole
-    /// extent until the operation completes, in this store's memory space,
-    /// neither touched by anyone else meanwhile nor overlapping each other or
-    /// the store's memory.
+    /// As for [`LatentStore::gather_part_raw`].
     unsafe fn gather_raw(
         &self,
         layer: usize,
         block_table: VectorDesc<BlockId>,
         out: MatrixDesc,
         stream: Stream,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.gather_part_raw(Part::Latent, layer, block_table, out, stream) }
+    }
 
     /// Copies whole blocks `src -> dst` in every layer (copy-on-write of a
     /// shared partial block). Destinations must be distinct and none may be
@@ -301,33 +372,39 @@ pub trait LatentStore: Send + Sync {
     fn layer_view(&self, layer: usize) -> Result<LayerView>;
 
     /// Quantizes and stores indexer keys (vLLM's `indexer_k_quant_and_cache`):
-    /// row `t` of `keys` (`[T, head_dim]`, bf16, f16 or f32) goes to slot
-    /// `slot_mapping[t]` of `layer`'s indexer part; negative slots are
-    /// skipped. Fails unless the configuration has an indexer.
+    /// row `t` of `keys [T, head_dim]` goes to slot `slot_mapping[t]` of
+    /// `layer`'s indexer part. [`LatentStore::write_part_raw`] of
+    /// [`Part::Indexer`].
     ///
     /// # Safety
-    /// As for [`LatentStore::write_raw`].
+    /// As for [`LatentStore::write_part_raw`].
     unsafe fn write_indexer_raw(
         &self,
         layer: usize,
         keys: MatrixDesc,
         slot_mapping: VectorDesc<i64>,
         stream: Stream,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.write_part_raw(Part::Indexer, layer, &[keys], slot_mapping, stream) }
+    }
 
     /// Dequantizes the indexer keys of the first `out.rows` tokens of a
-    /// sequence into `out` (`[num_tokens, head_dim]`, bf16 or f32), through
-    /// `block_table` as [`LatentStore::gather_raw`] does.
+    /// sequence into `out` (`[num_tokens, head_dim]`).
+    /// [`LatentStore::gather_part_raw`] of [`Part::Indexer`].
     ///
     /// # Safety
-    /// As for [`LatentStore::gather_raw`].
+    /// As for [`LatentStore::gather_part_raw`].
     unsafe fn gather_indexer_raw(
         &self,
         layer: usize,
         block_table: VectorDesc<BlockId>,
         out: MatrixDesc,
         stream: Stream,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.gather_part_raw(Part::Indexer, layer, block_table, out, stream) }
+    }
 
     /// Copies the stored indexer keys of the first `scales.len` tokens of a
     /// sequence, without dequantizing: token `t`'s e4m3 codes to
@@ -367,35 +444,6 @@ pub(crate) fn indexer_codec(config: &CacheConfig) -> Result<Option<IndexerCodec>
         .indexer
         .map(|g| IndexerCodec::new(g, config.block_size))
         .transpose()
-}
-
-/// Checks the arguments of an indexer write that the backend can see
-/// without reading memory.
-pub(crate) fn check_indexer_write_args(
-    config: &CacheConfig,
-    layer: usize,
-    keys: &MatrixDesc,
-    slot_mapping: &VectorDesc<i64>,
-) -> Result<()> {
-    let indexer = check_indexer(config)?;
-    check_layer(config, layer)?;
-    slot_mapping.check("slot_mapping")?;
-    keys.check("keys", slot_mapping.len, indexer.head_dim, &ElemType::ALL)
-}
-
-/// Checks the arguments of a dequantizing indexer gather; returns the number
-/// of block-table entries it reads.
-pub(crate) fn check_indexer_gather_args(
-    config: &CacheConfig,
-    layer: usize,
-    block_table: &VectorDesc<BlockId>,
-    out: &MatrixDesc,
-) -> Result<usize> {
-    let indexer = check_indexer(config)?;
-    check_layer(config, layer)?;
-    block_table.check("block_table")?;
-    out.check("out", out.rows, indexer.head_dim, &GATHER_OUTPUTS)?;
-    check_table_covers(config, block_table, out.rows)
 }
 
 /// Checks the arguments of a quantized indexer gather; returns the number of
@@ -452,41 +500,50 @@ pub(crate) fn check_layer(config: &CacheConfig, layer: usize) -> Result<()> {
     }
 }
 
-/// Checks the arguments of a write that the backend can see without reading
-/// memory: layer, shapes, element types.
+/// Checks the arguments of a write of `part` that the backend can see
+/// without reading memory: the part, layer, inputs, shapes, element types.
 pub(crate) fn check_write_args(
     config: &CacheConfig,
+    part: Part,
     layer: usize,
-    c_kv: &MatrixDesc,
-    k_pe: &MatrixDesc,
+    rows: &[MatrixDesc],
     slot_mapping: &VectorDesc<i64>,
 ) -> Result<()> {
+    let inputs = part.write_inputs(config)?;
     check_layer(config, layer)?;
+    if rows.len() != inputs.len() {
+        let names: Vec<&str> = inputs.iter().map(|i| i.0).collect();
+        return Err(Error::InvalidArgument(format!(
+            "a write of {part:?} takes {} inputs ({}), got {}",
+            inputs.len(),
+            names.join(", "),
+            rows.len()
+        )));
+    }
     slot_mapping.check("slot_mapping")?;
-    let tokens = slot_mapping.len;
-    c_kv.check("c_kv", tokens, config.kv_lora_rank, &ElemType::ALL)?;
-    k_pe.check("k_pe", tokens, config.rope_dim, &ElemType::ALL)
+    for (m, &(name, width)) in rows.iter().zip(&inputs) {
+        m.check(name, slot_mapping.len, width, &ElemType::ALL)?;
+    }
+    Ok(())
 }
 
 /// The element types a gather can write.
 pub(crate) const GATHER_OUTPUTS: [ElemType; 2] = [ElemType::Bf16, ElemType::F32];
 
-/// Checks the arguments of a gather that the backend can see without
-/// reading memory; returns the number of block-table entries it reads.
+/// Checks the arguments of a gather of `part` that the backend can see
+/// without reading memory; returns the number of block-table entries it
+/// reads.
 pub(crate) fn check_gather_args(
     config: &CacheConfig,
+    part: Part,
     layer: usize,
     block_table: &VectorDesc<BlockId>,
     out: &MatrixDesc,
 ) -> Result<usize> {
+    let width = part.gather_width(config)?;
     check_layer(config, layer)?;
     block_table.check("block_table")?;
-    out.check(
-        "out",
-        out.rows,
-        config.elements_per_token(),
-        &GATHER_OUTPUTS,
-    )?;
+    out.check("out", out.rows, width, &GATHER_OUTPUTS)?;
     check_table_covers(config, block_table, out.rows)
 }
 

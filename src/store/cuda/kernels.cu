@@ -210,11 +210,24 @@ __device__ __forceinline__ u32 warp_max(u32 v) {
 // slot_mapping[t] * bpt. Negative slots and slots >= num_slots are skipped.
 // bpt must be a multiple of 4.
 
+// One warp per token (write and gather, latents and indexer keys alike):
+// this warp's token, or -1 past the last one.
+__device__ __forceinline__ i64 warp_token(i64 num_tokens) {
+    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
+    return t < num_tokens ? t : -1;
+}
+
+// The slot a write stores token t in, or -1 when the token is skipped
+// (negative slot, or slot >= num_slots).
+__device__ __forceinline__ i64 write_slot(const i64* slots, i64 t, i64 num_slots) {
+    i64 slot = slots[t];
+    return slot < 0 || slot >= num_slots ? -1 : slot;
+}
+
 // Returns the token's destination, or null when the token is skipped.
 __device__ __forceinline__ u8* write_dest(const i64* slots, i64 t, u8* cache, i64 num_slots, int bpt) {
-    i64 slot = slots[t];
-    if (slot < 0 || slot >= num_slots) return 0;
-    return cache + slot * (i64)bpt;
+    i64 slot = write_slot(slots, t, num_slots);
+    return slot < 0 ? 0 : cache + slot * (i64)bpt;
 }
 
 // RoPE values of one token to bf16; their element type (0 bf16, 1 f16,
@@ -239,8 +252,8 @@ __device__ void write_bf16(const typename In::T* ckv, i64 ckv_stride, const void
                            int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                            i64 num_slots, int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     u8* dst = write_dest(slots, t, cache, num_slots, bpt);
     if (dst == 0) return;
     const typename In::T* x = ckv + t * ckv_stride;
@@ -256,8 +269,8 @@ __device__ void write_fp8(const typename In::T* ckv, i64 ckv_stride, const void*
                           int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                           i64 num_slots, int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     u8* dst = write_dest(slots, t, cache, num_slots, bpt);
     if (dst == 0) return;
     const typename In::T* x = ckv + t * ckv_stride;
@@ -292,8 +305,8 @@ __device__ void write_mxfp6(const typename In::T* ckv, i64 ckv_stride, const voi
     extern __shared__ u32 smem_codes[];  // R bytes per warp, as words
     int lane = threadIdx.x & 31;
     int warp = threadIdx.x >> 5;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + warp;
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     u8* dst = write_dest(slots, t, cache, num_slots, bpt);
     if (dst == 0) return;
     u8* codes = (u8*)smem_codes + warp * R;
@@ -348,8 +361,8 @@ __device__ void write_nvfp4(const typename In::T* ckv, i64 ckv_stride, const voi
                             int kpe_elem, const i64* slots, i64 num_tokens, u8* cache,
                             i64 num_slots, int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     u8* dst = write_dest(slots, t, cache, num_slots, bpt);
     if (dst == 0) return;
     const typename In::T* x = ckv + t * ckv_stride;
@@ -424,17 +437,31 @@ struct OutF32 {
     static __device__ __forceinline__ T from_bf16(u16 v) { return bf16_to_f32(v); }
 };
 
+// The block holding token t of a gather's sequence (latents and indexer
+// keys alike), or -1 when its id is >= num_blocks (the row is zeroed).
+__device__ __forceinline__ i64 gather_block(const u32* block_table, i64 t, int block_size,
+                                            i64 num_blocks) {
+    u32 block = block_table[t / block_size];
+    return (i64)block < num_blocks ? (i64)block : -1;
+}
+
+// Zeroes the n values of a row, lane-strided.
+template <class T>
+__device__ __forceinline__ void zero_row(T* y, int n, int lane) {
+    for (int i = lane; i < n; i += 32) y[i] = (T)0;
+}
+
 // Returns the token's source, or null for an invalid block id (row zeroed).
 template <class Out>
 __device__ __forceinline__ const u8* gather_src(const u8* cache, const u32* block_table, i64 t,
                                                 int block_size, i64 num_blocks, int bpt,
                                                 typename Out::T* y, int E, int lane) {
-    u32 block = block_table[t / block_size];
-    if ((i64)block >= num_blocks) {
-        for (int i = lane; i < E; i += 32) y[i] = (typename Out::T)0;
+    i64 block = gather_block(block_table, t, block_size, num_blocks);
+    if (block < 0) {
+        zero_row(y, E, lane);
         return 0;
     }
-    i64 slot = (i64)block * block_size + t % block_size;
+    i64 slot = block * block_size + t % block_size;
     return cache + slot * (i64)bpt;
 }
 
@@ -449,8 +476,8 @@ __device__ void gather_bf16(const u8* cache, const u32* block_table, i64 num_tok
                             i64 num_blocks, typename Out::T* out, i64 out_stride, int R, int P,
                             int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     typename Out::T* y = out + t * out_stride;
     const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
     if (src == 0) return;
@@ -463,8 +490,8 @@ __device__ void gather_fp8(const u8* cache, const u32* block_table, i64 num_toke
                            i64 num_blocks, typename Out::T* out, i64 out_stride, int R, int P,
                            int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     typename Out::T* y = out + t * out_stride;
     const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
     if (src == 0) return;
@@ -483,8 +510,8 @@ __device__ void gather_mxfp6(const u8* cache, const u32* block_table, i64 num_to
                              int block_size, i64 num_blocks, typename Out::T* out, i64 out_stride,
                              int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     typename Out::T* y = out + t * out_stride;
     const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
     if (src == 0) return;
@@ -507,8 +534,8 @@ __device__ void gather_nvfp4(const u8* cache, const u32* block_table, i64 num_to
                              int block_size, i64 num_blocks, typename Out::T* out, i64 out_stride,
                              int R, int P, int bpt) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     typename Out::T* y = out + t * out_stride;
     const u8* src = gather_src<Out>(cache, block_table, t, block_size, num_blocks, bpt, y, R + P, lane);
     if (src == 0) return;
@@ -591,10 +618,10 @@ template <class In>
 __device__ void indexer_write(const typename In::T* keys, i64 keys_stride, const i64* slots,
                               i64 num_tokens, u8* cache, i64 num_slots, int block_size, int H) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
-    i64 slot = slots[t];
-    if (slot < 0 || slot >= num_slots) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
+    i64 slot = write_slot(slots, t, num_slots);
+    if (slot < 0) return;
     const typename In::T* x = keys + t * keys_stride;
     u32 amax = 0u;
     for (int w = lane; w < H / 4; w += 32) {
@@ -633,9 +660,8 @@ INDEXER_WRITE_KERNEL(mla_indexer_write_from_f32, InF32)
 // for an invalid block id.
 __device__ __forceinline__ const u8* indexer_src(const u8* cache, const u32* block_table, i64 t,
                                                  int block_size, i64 num_blocks, int H) {
-    u32 block = block_table[t / block_size];
-    if ((i64)block >= num_blocks) return 0;
-    return cache + (i64)block * block_size * (H + 4);
+    i64 block = gather_block(block_table, t, block_size, num_blocks);
+    return block < 0 ? 0 : cache + block * block_size * (H + 4);
 }
 
 // Dequantizes keys into out [T, H] (row stride out_stride elements); rows
@@ -645,12 +671,12 @@ __device__ void indexer_gather(const u8* cache, const u32* block_table, i64 num_
                                int block_size, i64 num_blocks, typename Out::T* out,
                                i64 out_stride, int H) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     typename Out::T* y = out + t * out_stride;
     const u8* block = indexer_src(cache, block_table, t, block_size, num_blocks, H);
     if (block == 0) {
-        for (int i = lane; i < H; i += 32) y[i] = (typename Out::T)0;
+        zero_row(y, H, lane);
         return;
     }
     int offset = (int)(t % block_size);
@@ -681,12 +707,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS_PER_BLOCK)
     mla_indexer_gather_quantized(const u8* cache, const u32* block_table, i64 num_tokens,
                                  int block_size, i64 num_blocks, u8* codes, float* scales, int H) {
     int lane = threadIdx.x & 31;
-    i64 t = (i64)blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (t >= num_tokens) return;
+    i64 t = warp_token(num_tokens);
+    if (t < 0) return;
     u8* y = codes + t * H;
     const u8* block = indexer_src(cache, block_table, t, block_size, num_blocks, H);
     if (block == 0) {
-        for (int i = lane; i < H; i += 32) y[i] = 0;
+        zero_row(y, H, lane);
         if (lane == 0) scales[t] = 0.0f;
         return;
     }

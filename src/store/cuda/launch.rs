@@ -9,15 +9,14 @@ use crate::codec::{Codec, ElemType};
 use crate::config::{CacheConfig, Dtype};
 use crate::error::{Error, Result};
 use crate::store::{
-    check_copy_pairs, check_gather_args, check_indexer, check_indexer_gather_args,
-    check_indexer_quantized_args, check_indexer_write_args, check_write_args, BlockParts,
-    MatrixDesc, VectorDesc,
+    check_copy_pairs, check_gather_args, check_indexer, check_indexer_quantized_args,
+    check_write_args, BlockParts, MatrixDesc, Part, VectorDesc,
 };
 use crate::BlockId;
 
 /// One kernel launch: which kernel, its shape and its arguments, as the
-/// store performs it. Built by [`write_launch`], [`gather_launch`] and
-/// [`copy_blocks_launches`]; [`KernelLaunch::params`] gives the argument
+/// store performs it. Built by [`write_launch`], [`gather_launch`],
+/// [`copy_blocks_launches`] and their indexer counterparts; [`KernelLaunch::params`] gives the argument
 /// array `cuLaunchKernel` takes.
 #[derive(Debug, Clone)]
 pub struct KernelLaunch {
@@ -103,47 +102,70 @@ pub(super) fn kernel_codec(config: &CacheConfig) -> Result<Codec> {
     Ok(codec)
 }
 
-/// The launch of a write ([`LatentStore::write_raw`]) into the layer whose
-/// first byte is at `layer_addr`; `None` when there are no tokens. Checks the
-/// descriptors as the store does (the layer index excepted).
+/// The launch of a write of `part` ([`LatentStore::write_part_raw`]) into
+/// the layer whose part starts at `part_addr`; `None` when there are no
+/// tokens. Checks the descriptors as the store does (the layer index
+/// excepted).
 pub fn write_launch(
     config: &CacheConfig,
-    layer_addr: u64,
-    c_kv: &MatrixDesc,
-    k_pe: &MatrixDesc,
+    part: Part,
+    part_addr: u64,
+    rows: &[MatrixDesc],
     slot_mapping: &VectorDesc<i64>,
 ) -> Result<Option<KernelLaunch>> {
     let codec = kernel_codec(config)?;
-    check_write_args(config, 0, c_kv, k_pe, slot_mapping)?;
+    check_write_args(config, part, 0, rows, slot_mapping)?;
     let tokens = slot_mapping.len;
     if tokens == 0 {
         return Ok(None);
     }
-    let rank = config.kv_lora_rank;
-    let shared = if config.dtype == Dtype::Mxfp6 {
-        WARPS_PER_BLOCK as usize * rank
-    } else {
-        0
+    let stride = |m: &MatrixDesc| Arg::I64((m.row_stride / m.elem.size()) as i64);
+    let (kernel, shared, args) = match part {
+        Part::Latent => {
+            let (c_kv, k_pe) = (&rows[0], &rows[1]);
+            let rank = config.kv_lora_rank;
+            let shared = if config.dtype == Dtype::Mxfp6 {
+                WARPS_PER_BLOCK as usize * rank
+            } else {
+                0
+            };
+            let args = vec![
+                Arg::U64(c_kv.addr as u64),
+                stride(c_kv),
+                Arg::U64(k_pe.addr as u64),
+                stride(k_pe),
+                Arg::I32(elem_code(k_pe.elem)),
+                Arg::U64(slot_mapping.addr as u64),
+                Arg::I64(tokens as i64),
+                Arg::U64(part_addr),
+                Arg::I64(config.num_tokens() as i64),
+                Arg::I32(rank as i32),
+                Arg::I32(config.rope_dim as i32),
+                Arg::I32(codec.bytes_per_token() as i32),
+            ];
+            let kernel = Kernel::Write {
+                format: config.dtype,
+                input: c_kv.elem,
+            };
+            (kernel, shared, args)
+        }
+        Part::Indexer => {
+            let keys = &rows[0];
+            let args = vec![
+                Arg::U64(keys.addr as u64),
+                stride(keys),
+                Arg::U64(slot_mapping.addr as u64),
+                Arg::I64(tokens as i64),
+                Arg::U64(part_addr),
+                Arg::I64(config.num_tokens() as i64),
+                Arg::I32(config.block_size as i32),
+                Arg::I32(kernel_head_dim(config)?),
+            ];
+            (Kernel::IndexerWrite { input: keys.elem }, 0, args)
+        }
     };
-    let args = vec![
-        Arg::U64(c_kv.addr as u64),
-        Arg::I64((c_kv.row_stride / c_kv.elem.size()) as i64),
-        Arg::U64(k_pe.addr as u64),
-        Arg::I64((k_pe.row_stride / k_pe.elem.size()) as i64),
-        Arg::I32(elem_code(k_pe.elem)),
-        Arg::U64(slot_mapping.addr as u64),
-        Arg::I64(tokens as i64),
-        Arg::U64(layer_addr),
-        Arg::I64(config.num_tokens() as i64),
-        Arg::I32(rank as i32),
-        Arg::I32(config.rope_dim as i32),
-        Arg::I32(codec.bytes_per_token() as i32),
-    ];
     Ok(Some(KernelLaunch {
-        kernel: Kernel::Write {
-            format: config.dtype,
-            input: c_kv.elem,
-        },
+        kernel,
         grid: token_grid(tokens)?,
         block: 32 * WARPS_PER_BLOCK,
         shared_bytes: u32::try_from(shared)
@@ -152,36 +174,49 @@ pub fn write_launch(
     }))
 }
 
-/// The launch of a gather ([`LatentStore::gather_raw`]) from the layer whose
-/// first byte is at `layer_addr`; `None` when `out` has no rows.
+/// The launch of a gather of `part` ([`LatentStore::gather_part_raw`]) from
+/// the layer whose part starts at `part_addr`; `None` when `out` has no rows.
 pub fn gather_launch(
     config: &CacheConfig,
-    layer_addr: u64,
+    part: Part,
+    part_addr: u64,
     block_table: &VectorDesc<BlockId>,
     out: &MatrixDesc,
 ) -> Result<Option<KernelLaunch>> {
     let codec = kernel_codec(config)?;
-    check_gather_args(config, 0, block_table, out)?;
+    check_gather_args(config, part, 0, block_table, out)?;
     if out.rows == 0 {
         return Ok(None);
     }
-    let args = vec![
-        Arg::U64(layer_addr),
+    // The arguments every gather kernel takes first.
+    let mut args = vec![
+        Arg::U64(part_addr),
         Arg::U64(block_table.addr as u64),
         Arg::I64(out.rows as i64),
         Arg::I32(config.block_size as i32),
         Arg::I64(config.num_blocks as i64),
         Arg::U64(out.addr as u64),
         Arg::I64((out.row_stride / out.elem.size()) as i64),
-        Arg::I32(config.kv_lora_rank as i32),
-        Arg::I32(config.rope_dim as i32),
-        Arg::I32(codec.bytes_per_token() as i32),
     ];
+    let kernel = match part {
+        Part::Latent => {
+            args.extend([
+                Arg::I32(config.kv_lora_rank as i32),
+                Arg::I32(config.rope_dim as i32),
+                Arg::I32(codec.bytes_per_token() as i32),
+            ]);
+            Kernel::Gather {
+                format: config.dtype,
+                output: out.elem,
+            }
+        }
+        Part::Indexer => {
+            args.push(Arg::I32(kernel_head_dim(config)?));
+            Kernel::IndexerGather { output: out.elem }
+        }
+    };
     Ok(Some(KernelLaunch {
-        kernel: Kernel::Gather {
-            format: config.dtype,
-            output: out.elem,
-        },
+        kernel,
         grid: token_grid(out.rows)?,
         block: 32 * WARPS_PER_BLOCK,
         shared_bytes: 0,
@@ -280,69 +315,6 @@ fn kernel_head_dim(config: &CacheConfig) -> Result<i32> {
     let indexer = check_indexer(config)?;
     i32::try_from(indexer.head_dim)
         .map_err(|_| Error::InvalidConfig("indexer head_dim too large".into()))
-}
-
-/// The launch of an indexer write ([`LatentStore::write_indexer_raw`]) into
-/// the layer whose indexer keys start at `indexer_addr`; `None` without tokens.
-pub fn indexer_write_launch(
-    config: &CacheConfig,
-    indexer_addr: u64,
-    keys: &MatrixDesc,
-    slot_mapping: &VectorDesc<i64>,
-) -> Result<Option<KernelLaunch>> {
-    check_indexer_write_args(config, 0, keys, slot_mapping)?;
-    let head_dim = kernel_head_dim(config)?;
-    let tokens = slot_mapping.len;
-    if tokens == 0 {
-        return Ok(None);
-    }
-    Ok(Some(KernelLaunch {
-        kernel: Kernel::IndexerWrite { input: keys.elem },
-        grid: token_grid(tokens)?,
-        block: 32 * WARPS_PER_BLOCK,
-        shared_bytes: 0,
-        args: vec![
-            Arg::U64(keys.addr as u64),
-            Arg::I64((keys.row_stride / keys.elem.size()) as i64),
-            Arg::U64(slot_mapping.addr as u64),
-            Arg::I64(tokens as i64),
-            Arg::U64(indexer_addr),
-            Arg::I64(config.num_tokens() as i64),
-            Arg::I32(config.block_size as i32),
-            Arg::I32(head_dim),
-        ],
-    }))
-}
-
-/// The launch of a dequantizing indexer gather
-/// ([`LatentStore::gather_indexer_raw`]); `None` when `out` has no rows.
-pub fn indexer_gather_launch(
-    config: &CacheConfig,
-    indexer_addr: u64,
-    block_table: &VectorDesc<BlockId>,
-    out: &MatrixDesc,
-) -> Result<Option<KernelLaunch>> {
-    check_indexer_gather_args(config, 0, block_table, out)?;
-    let head_dim = kernel_head_dim(config)?;
-    if out.rows == 0 {
-        return Ok(None);
-    }
-    Ok(Some(KernelLaunch {
-        kernel: Kernel::IndexerGather { output: out.elem },
-        grid: token_grid(out.rows)?,
-        block: 32 * WARPS_PER_BLOCK,
-        shared_bytes: 0,
-        args: vec![
-            Arg::U64(indexer_addr),
-            Arg::U64(block_table.addr as u64),
-            Arg::I64(out.rows as i64),
-            Arg::I32(config.block_size as i32),
-            Arg::I64(config.num_blocks as i64),
-            Arg::U64(out.addr as u64),
-            Arg::I64((out.row_stride / out.elem.size()) as i64),
-            Arg::I32(head_dim),
-        ],
-    }))
 }
 
 /// The launch of a quantized indexer gather

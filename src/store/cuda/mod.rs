@@ -31,8 +31,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub use kernels::{kernel_defines, Kernel, KERNEL_SOURCE};
 pub use launch::{
-    copy_blocks_launches, gather_launch, indexer_copy_blocks_launches, indexer_gather_launch,
-    indexer_gather_quantized_launch, indexer_write_launch, write_launch, KernelLaunch,
+    copy_blocks_launches, gather_launch, indexer_copy_blocks_launches,
+    indexer_gather_quantized_launch, write_launch, KernelLaunch,
 };
 pub use nvrtc::{
     arch_for, compile_kernels, compile_source, nvrtc_available, nvrtc_version, preload_nvrtc,

@@ -8,9 +8,8 @@ use cudarc::driver::{result as cu, sys};
 
 use super::kernels::{check_device, device_kernels, driver_error, DeviceKernels};
 use super::launch::{
-    copy_blocks_launches, gather_launch, indexer_copy_blocks_launches, indexer_gather_launch,
-    indexer_gather_quantized_launch, indexer_write_launch, kernel_codec, write_launch,
-    KernelLaunch,
+    copy_blocks_launches, gather_launch, indexer_copy_blocks_launches,
+    indexer_gather_quantized_launch, kernel_codec, write_launch, KernelLaunch,
 };
 use super::{guard, RawStream};
 use crate::codec::Codec;
@@ -18,7 +17,7 @@ use crate::config::CacheConfig;
 use crate::error::{Error, Result};
 use crate::store::{
     check_block_io, check_indexer, check_layer, indexer_view_at, layer_view_at, BlockParts, Device,
-    IndexerView, LatentStore, LayerView, MatrixDesc, Stream, VectorDesc,
+    IndexerView, LatentStore, LayerView, MatrixDesc, Part, Stream, VectorDesc,
 };
 use crate::BlockId;
 
@@ -207,6 +206,19 @@ impl CudaStore {
         latent.chain(indexer)
     }
 
+    /// Device address of `part` of layer `layer`: checks the layer, and for
+    /// the indexer part that the configuration has one.
+    fn part_ptr(&self, part: Part, layer: usize) -> Result<sys::CUdeviceptr> {
+        match part {
+            Part::Latent => self.layer_ptr(layer),
+            Part::Indexer => {
+                check_indexer(&self.config)?;
+                check_layer(&self.config, layer)?;
+                Ok(self.indexer_base(layer))
+            }
+        }
+    }
+
     /// Device address of layer `layer`'s indexer keys (in range).
     fn indexer_base(&self, layer: usize) -> sys::CUdeviceptr {
         self.base
@@ -223,6 +235,19 @@ impl CudaStore {
             .ctx
             .bind_to_thread()
             .map_err(|e| driver_error("cuCtxSetCurrent", e))
+    }
+
+    /// Binds the store's context and enqueues `launch` on `stream`, panics
+    /// caught as `what`'s errors.
+    ///
+    /// # Safety
+    /// As for [`CudaStore::enqueue`].
+    unsafe fn launch(&self, launch: KernelLaunch, stream: Stream, what: &str) -> Result<()> {
+        guard(what, || {
+            self.bind()?;
+            // SAFETY: forwarded.
+            unsafe { self.enqueue(launch, stream) }
+        })
     }
 
     /// Enqueues `launch` on `stream`.
@@ -294,44 +319,38 @@ impl LatentStore for CudaStore {
         Device::Cuda(self.ordinal)
     }
 
-    unsafe fn write_raw(
+    unsafe fn write_part_raw(
         &self,
+        part: Part,
         layer: usize,
-        c_kv: MatrixDesc,
-        k_pe: MatrixDesc,
+        rows: &[MatrixDesc],
         slot_mapping: VectorDesc<i64>,
         stream: Stream,
     ) -> Result<()> {
-        let layer_addr = self.layer_ptr(layer)?;
-        let Some(launch) = write_launch(&self.config, layer_addr, &c_kv, &k_pe, &slot_mapping)?
-        else {
+        let addr = self.part_ptr(part, layer)?;
+        let Some(launch) = write_launch(&self.config, part, addr, rows, &slot_mapping)? else {
             return Ok(());
         };
-        guard("CUDA write", || {
-            self.bind()?;
-            // SAFETY: the caller vouches for the descriptors (trait
-            // contract); the layer is ours.
-            unsafe { self.enqueue(launch, stream) }
-        })
+        // SAFETY: the caller vouches for the descriptors (trait contract);
+        // the layer is ours.
+        unsafe { self.launch(launch, stream, "CUDA write") }
     }
 
-    unsafe fn gather_raw(
+    unsafe fn gather_part_raw(
         &self,
+        part: Part,
         layer: usize,
         block_table: VectorDesc<BlockId>,
         out: MatrixDesc,
         stream: Stream,
     ) -> Result<()> {
-        let layer_addr = self.layer_ptr(layer)?;
-        let Some(launch) = gather_launch(&self.config, layer_addr, &block_table, &out)? else {
+        let addr = self.part_ptr(part, layer)?;
+        let Some(launch) = gather_launch(&self.config, part, addr, &block_table, &out)? else {
             return Ok(());
         };
-        guard("CUDA gather", || {
-            self.bind()?;
-            // SAFETY: the caller vouches for the descriptors (trait
-            // contract); the layer is ours.
-            unsafe { self.enqueue(launch, stream) }
-        })
+        // SAFETY: the caller vouches for the descriptors (trait contract);
+        // the layer is ours.
+        unsafe { self.launch(launch, stream, "CUDA gather") }
     }
 
     fn copy_blocks(&self, pairs: &[(BlockId, BlockId)], stream: Stream) -> Result<()> {
@@ -362,50 +381,6 @@ impl LatentStore for CudaStore {
         ))
     }
 
-    unsafe fn write_indexer_raw(
-        &self,
-        layer: usize,
-        keys: MatrixDesc,
-        slot_mapping: VectorDesc<i64>,
-        stream: Stream,
-    ) -> Result<()> {
-        check_indexer(&self.config)?;
-        check_layer(&self.config, layer)?;
-        let Some(launch) =
-            indexer_write_launch(&self.config, self.indexer_base(layer), &keys, &slot_mapping)?
-        else {
-            return Ok(());
-        };
-        guard("CUDA indexer write", || {
-            self.bind()?;
-            // SAFETY: the caller vouches for the descriptors (trait
-            // contract); the layer is ours.
-            unsafe { self.enqueue(launch, stream) }
-        })
-    }
-
-    unsafe fn gather_indexer_raw(
-        &self,
-        layer: usize,
-        block_table: VectorDesc<BlockId>,
-        out: MatrixDesc,
-        stream: Stream,
-    ) -> Result<()> {
-        check_indexer(&self.config)?;
-        check_layer(&self.config, layer)?;
-        let Some(launch) =
-            indexer_gather_launch(&self.config, self.indexer_base(layer), &block_table, &out)?
-        else {
-            return Ok(());
-        };
-        guard("CUDA indexer gather", || {
-            self.bind()?;
-            // SAFETY: the caller vouches for the descriptors (trait
-            // contract); the layer is ours.
-            unsafe { self.enqueue(launch, stream) }
-        })
-    }
-
     unsafe fn gather_indexer_quantized_raw(
         &self,
         layer: usize,
@@ -414,24 +389,15 @@ impl LatentStore for CudaStore {
         scales: VectorDesc<f32>,
         stream: Stream,
     ) -> Result<()> {
-        check_indexer(&self.config)?;
-        check_layer(&self.config, layer)?;
-        let Some(launch) = indexer_gather_quantized_launch(
-            &self.config,
-            self.indexer_base(layer),
-            &block_table,
-            &codes,
-            &scales,
-        )?
+        let addr = self.part_ptr(Part::Indexer, layer)?;
+        let Some(launch) =
+            indexer_gather_quantized_launch(&self.config, addr, &block_table, &codes, &scales)?
         else {
             return Ok(());
         };
-        guard("CUDA indexer gather", || {
-            self.bind()?;
-            // SAFETY: the caller vouches for the descriptors (trait
-            // contract); the layer is ours.
-            unsafe { self.enqueue(launch, stream) }
-        })
+        // SAFETY: the caller vouches for the descriptors (trait contract);
+        // the layer is ours.
+        unsafe { self.launch(launch, stream, "CUDA indexer gather") }
     }
 
     fn indexer_view(&self, layer: usize) -> Result<IndexerView> {
