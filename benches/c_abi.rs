@@ -9,7 +9,8 @@
 use std::ptr;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
 use mla_cache::ffi::*;
 use mla_cache::{AdmitOptions, BlockManager, CacheConfig};
 
@@ -42,38 +43,56 @@ fn rust_api(c: &mut Criterion) {
     });
 }
 
-fn c_abi(c: &mut Criterion) {
-    let tokens = prompt();
+/// A manager of `num_blocks` blocks through the C ABI, with a fixed hash
+/// seed when `seed` is given.
+fn manager(num_blocks: usize, seed: Option<u64>) -> *mut MlaManager {
     let mut config = ptr::null_mut();
     let mut m = ptr::null_mut();
-    let mut ids = vec![0u32; NUM_BLOCKS];
-    let (mut n, mut cached) = (0usize, 0usize);
-    // SAFETY: every pointer below is valid for the access the function makes.
+    // SAFETY: every pointer is valid for the access the function makes.
     unsafe {
-        assert_eq!(mla_config_create(NUM_BLOCKS, &mut config), MlaStatus::Ok);
-        assert_eq!(mla_config_set_hash_seed(config, true, 7), MlaStatus::Ok);
+        assert_eq!(mla_config_create(num_blocks, &mut config), MlaStatus::Ok);
+        if let Some(seed) = seed {
+            assert_eq!(mla_config_set_hash_seed(config, true, seed), MlaStatus::Ok);
+        }
         assert_eq!(mla_manager_create(config, &mut m), MlaStatus::Ok);
         assert_eq!(mla_config_destroy(config), MlaStatus::Ok);
-        // Returns the status and the cached tokens reported.
-        let mut admit = |id| {
-            let status = mla_manager_admit(
-                m,
-                id,
-                tokens.as_ptr(),
-                tokens.len(),
-                ptr::null(),
-                ids.as_mut_ptr(),
-                ids.len(),
-                &mut n,
-                &mut cached,
-            );
-            (status, cached)
-        };
-        assert_eq!(admit(0).0, MlaStatus::Ok);
+    }
+    m
+}
+
+/// Admits request `id` with `tokens` into `table` through the C ABI;
+/// returns the status and the cached tokens reported.
+fn admit(m: *mut MlaManager, id: u64, tokens: &[u32], table: &mut [u32]) -> (MlaStatus, usize) {
+    let (mut n, mut cached) = (0usize, 0usize);
+    // SAFETY: every buffer holds its length; `m` is a live handle.
+    let status = unsafe {
+        mla_manager_admit(
+            m,
+            id,
+            tokens.as_ptr(),
+            tokens.len(),
+            ptr::null(),
+            table.as_mut_ptr(),
+            table.len(),
+            &mut n,
+            &mut cached,
+        )
+    };
+    (status, cached)
+}
+
+fn c_abi(c: &mut Criterion) {
+    let tokens = prompt();
+    let m = manager(NUM_BLOCKS, Some(7));
+    let mut ids = vec![0u32; NUM_BLOCKS];
+    let mut admit_prompt = |id| admit(m, id, &tokens, &mut ids);
+    // SAFETY: every pointer below is valid for the access the function makes.
+    unsafe {
+        assert_eq!(admit_prompt(0).0, MlaStatus::Ok);
         assert_eq!(mla_manager_free(m, 0), MlaStatus::Ok);
         c.bench_function("admit+free cached 4096 tokens: C ABI", |b| {
             b.iter(|| {
-                assert_eq!(admit(1), (MlaStatus::Ok, PROMPT - 64));
+                assert_eq!(admit_prompt(1), (MlaStatus::Ok, PROMPT - 64));
                 assert_eq!(mla_manager_free(m, 1), MlaStatus::Ok);
             })
         });
@@ -108,19 +127,8 @@ struct Decode {
 
 impl Decode {
     fn new(prompt: usize) -> Self {
-        let mut config = ptr::null_mut();
-        let mut m = ptr::null_mut();
-        // SAFETY: every pointer is valid for the access the function makes.
-        unsafe {
-            assert_eq!(
-                mla_config_create(BATCH * MAX_BLOCKS, &mut config),
-                MlaStatus::Ok
-            );
-            assert_eq!(mla_manager_create(config, &mut m), MlaStatus::Ok);
-            assert_eq!(mla_config_destroy(config), MlaStatus::Ok);
-        }
         let mut d = Self {
-            m,
+            m: manager(BATCH * MAX_BLOCKS, None),
             ids: (0..BATCH as u64).collect(),
             prompt,
             lens: vec![0; BATCH],
@@ -131,27 +139,12 @@ impl Decode {
     }
 
     fn admit(&mut self) {
-        let mut ids = [0u32; MAX_BLOCKS];
-        let (mut n, mut cached) = (0, 0);
+        let mut table = [0u32; MAX_BLOCKS];
         for &id in &self.ids {
             let tokens: Vec<u32> = (0..self.prompt as u32)
                 .map(|t| t + 10_000 * id as u32)
                 .collect();
-            // SAFETY: as above.
-            let s = unsafe {
-                mla_manager_admit(
-                    self.m,
-                    id,
-                    tokens.as_ptr(),
-                    tokens.len(),
-                    ptr::null(),
-                    ids.as_mut_ptr(),
-                    ids.len(),
-                    &mut n,
-                    &mut cached,
-                )
-            };
-            assert_eq!(s, MlaStatus::Ok);
+            assert_eq!(admit(self.m, id, &tokens, &mut table).0, MlaStatus::Ok);
         }
         self.lens.fill(self.prompt);
         self.step = 0;
@@ -182,6 +175,17 @@ impl Decode {
         }
         total
     }
+}
+
+/// Benchmarks `step` as `name` on a fresh `Decode` of `prompt`-token prompts.
+fn bench_steps(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    prompt: usize,
+    mut step: impl FnMut(&mut Decode),
+) {
+    let mut d = Decode::new(prompt);
+    g.bench_function(name, |b| b.iter_custom(|iters| d.time(iters, &mut step)));
 }
 
 impl Drop for Decode {
@@ -217,119 +221,86 @@ fn decode_step(c: &mut Criterion) {
     let mut table = [0u32; MAX_BLOCKS];
     let (mut n_fresh, mut n_copies, mut n_slots, mut widest) = (0, 0, 0, 0);
 
-    let mut d = Decode::new(64);
-    g.bench_function("append_batch (1 call)", |b| {
-        b.iter_custom(|iters| {
-            d.time(iters, |d| {
-                // SAFETY: every buffer holds its capacity.
-                let s = unsafe {
-                    mla_manager_append_batch(
-                        d.m,
-                        d.ids.as_ptr(),
-                        BATCH,
-                        tokens.as_ptr(),
-                        ptr::null(),
-                        fresh.as_mut_ptr(),
-                        fresh.len(),
-                        counts.as_mut_ptr(),
-                        &mut n_fresh,
-                        copies.as_mut_ptr(),
-                        copies.len(),
-                        &mut n_copies,
-                        slots.as_mut_ptr(),
-                        slots.len(),
-                        &mut n_slots,
-                    )
-                };
+    bench_steps(&mut g, "append_batch (1 call)", 64, |d| {
+        // SAFETY: every buffer holds its capacity.
+        let s = unsafe {
+            mla_manager_append_batch(
+                d.m,
+                d.ids.as_ptr(),
+                BATCH,
+                tokens.as_ptr(),
+                ptr::null(),
+                fresh.as_mut_ptr(),
+                fresh.len(),
+                counts.as_mut_ptr(),
+                &mut n_fresh,
+                copies.as_mut_ptr(),
+                copies.len(),
+                &mut n_copies,
+                slots.as_mut_ptr(),
+                slots.len(),
+                &mut n_slots,
+            )
+        };
+        assert_eq!(s, MlaStatus::Ok);
+    });
+    bench_steps(&mut g, "append + slot_mapping (512 calls)", 64, |d| {
+        for (i, &id) in d.ids.iter().enumerate() {
+            let len = d.lens[i];
+            // SAFETY: every buffer holds its capacity.
+            unsafe {
+                let s = mla_manager_append(
+                    d.m,
+                    id,
+                    &tokens[i],
+                    1,
+                    fresh.as_mut_ptr(),
+                    fresh.len(),
+                    &mut n_fresh,
+                    single_copies.as_mut_ptr(),
+                    single_copies.len(),
+                    &mut n_copies,
+                );
                 assert_eq!(s, MlaStatus::Ok);
-            })
-        })
+                let s =
+                    mla_manager_slot_mapping(d.m, id, len, len + 1, &mut slots[i], 1, &mut n_slots);
+                assert_eq!(s, MlaStatus::Ok);
+            }
+        }
     });
-    drop(d);
-
-    let mut d = Decode::new(64);
-    g.bench_function("append + slot_mapping (512 calls)", |b| {
-        b.iter_custom(|iters| {
-            d.time(iters, |d| {
-                for (i, &id) in d.ids.iter().enumerate() {
-                    let len = d.lens[i];
-                    // SAFETY: every buffer holds its capacity.
-                    unsafe {
-                        let s = mla_manager_append(
-                            d.m,
-                            id,
-                            &tokens[i],
-                            1,
-                            fresh.as_mut_ptr(),
-                            fresh.len(),
-                            &mut n_fresh,
-                            single_copies.as_mut_ptr(),
-                            single_copies.len(),
-                            &mut n_copies,
-                        );
-                        assert_eq!(s, MlaStatus::Ok);
-                        let s = mla_manager_slot_mapping(
-                            d.m,
-                            id,
-                            len,
-                            len + 1,
-                            &mut slots[i],
-                            1,
-                            &mut n_slots,
-                        );
-                        assert_eq!(s, MlaStatus::Ok);
-                    }
-                }
-            })
-        })
-    });
-    drop(d);
 
     // A step's padded block tables of 512-token requests (8 blocks each):
     // one call, or one per request and the padding done by the caller.
-    let mut d = Decode::new(512);
-    g.bench_function("fill_block_tables (1 call)", |b| {
-        b.iter_custom(|iters| {
-            d.time(iters, |d| {
-                // SAFETY: every buffer holds its capacity.
-                let s = unsafe {
-                    mla_manager_fill_block_tables(
-                        d.m,
-                        d.ids.as_ptr(),
-                        BATCH,
-                        tables.as_mut_ptr(),
-                        MAX_BLOCKS,
-                        -1,
-                        ptr::null(),
-                        ptr::null_mut(),
-                        0,
-                        &mut widest,
-                        &mut n_slots,
-                    )
-                };
-                assert_eq!(s, MlaStatus::Ok);
-            })
-        })
+    bench_steps(&mut g, "fill_block_tables (1 call)", 512, |d| {
+        // SAFETY: every buffer holds its capacity.
+        let s = unsafe {
+            mla_manager_fill_block_tables(
+                d.m,
+                d.ids.as_ptr(),
+                BATCH,
+                tables.as_mut_ptr(),
+                MAX_BLOCKS,
+                -1,
+                ptr::null(),
+                ptr::null_mut(),
+                0,
+                &mut widest,
+                &mut n_slots,
+            )
+        };
+        assert_eq!(s, MlaStatus::Ok);
     });
-    drop(d);
-
-    let mut d = Decode::new(512);
-    g.bench_function("block_table + padding (256 calls)", |b| {
-        b.iter_custom(|iters| {
-            d.time(iters, |d| {
-                for (row, &id) in tables.chunks_exact_mut(MAX_BLOCKS).zip(&d.ids) {
-                    let mut n = 0;
-                    // SAFETY: the buffer holds its capacity.
-                    let s = unsafe {
-                        mla_manager_block_table(d.m, id, table.as_mut_ptr(), MAX_BLOCKS, &mut n)
-                    };
-                    assert_eq!(s, MlaStatus::Ok);
-                    for (entry, i) in row.iter_mut().zip(0..) {
-                        *entry = if i < n { table[i] as i32 } else { -1 };
-                    }
-                }
-            })
-        })
+    bench_steps(&mut g, "block_table + padding (256 calls)", 512, |d| {
+        for (row, &id) in tables.chunks_exact_mut(MAX_BLOCKS).zip(&d.ids) {
+            let mut n = 0;
+            // SAFETY: the buffer holds its capacity.
+            let s =
+                unsafe { mla_manager_block_table(d.m, id, table.as_mut_ptr(), MAX_BLOCKS, &mut n) };
+            assert_eq!(s, MlaStatus::Ok);
+            for (entry, i) in row.iter_mut().zip(0..) {
+                *entry = if i < n { table[i] as i32 } else { -1 };
+            }
+        }
     });
     g.finish();
 }

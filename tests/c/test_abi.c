@@ -8,32 +8,15 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "check.h"
+#include "fixture.h"
 
-#define BS 4
-
-static MlaConfig *small_config(size_t num_blocks) {
-    MlaConfig *config = NULL;
-    OK(mla_config_create(num_blocks, &config));
-    OK(mla_config_set_block_size(config, BS));
-    OK(mla_config_set_hash_seed(config, true, 42));
-    return config;
-}
+static MlaConfig *small_config(size_t num_blocks) { return fixture_config(num_blocks, 42); }
 
 static MlaManager *small_manager(size_t num_blocks, bool events, size_t pin_budget) {
     MlaConfig *config = small_config(num_blocks);
-    MlaManager *manager = NULL;
     OK(mla_config_set_enable_events(config, events));
     OK(mla_config_set_pin_budget_blocks(config, true, pin_budget));
-    OK(mla_manager_create(config, &manager));
-    OK(mla_config_destroy(config));
-    return manager;
-}
-
-static void fill_tokens(MlaTokenId *tokens, size_t n, MlaTokenId first) {
-    for (size_t i = 0; i < n; i++) {
-        tokens[i] = first + (MlaTokenId)i;
-    }
+    return fixture_manager(config);
 }
 
 static void test_version_and_status(void) {

@@ -7,28 +7,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "check.h"
-
-#define BS 4
+#include "fixture.h"
 
 static MlaManager *manager_of(size_t num_blocks) {
-    MlaConfig *config = NULL;
-    MlaManager *manager = NULL;
-    OK(mla_config_create(num_blocks, &config));
-    OK(mla_config_set_block_size(config, BS));
-    OK(mla_config_set_hash_seed(config, true, 42));
-    OK(mla_manager_create(config, &manager));
-    OK(mla_config_destroy(config));
-    return manager;
+    return fixture_manager(fixture_config(num_blocks, 42));
 }
 
 static void admit(MlaManager *manager, MlaRequestId id, size_t num_tokens, MlaTokenId first) {
     MlaTokenId tokens[64];
     MlaBlockId ids[32];
     size_t n = 0, cached = 0;
-    for (size_t i = 0; i < num_tokens; i++) {
-        tokens[i] = first + (MlaTokenId)i;
-    }
+    fill_tokens(tokens, num_tokens, first);
     OK(mla_manager_admit(manager, id, tokens, num_tokens, NULL, ids, 32, &n, &cached));
 }
 

@@ -6,15 +6,9 @@
  */
 #include <stdint.h>
 
-#include "check.h"
+#include "fixture.h"
 
-static MlaConfig *config_of(size_t num_blocks) {
-    MlaConfig *config = NULL;
-    OK(mla_config_create(num_blocks, &config));
-    OK(mla_config_set_block_size(config, 4));
-    OK(mla_config_set_hash_seed(config, true, 7));
-    return config;
-}
+static MlaConfig *config_of(size_t num_blocks) { return fixture_config(num_blocks, 7); }
 
 /* Sizes derived from caller input never wrap: every field is bounded. */
 static void test_size_overflow(void) {

@@ -8,12 +8,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "check.h"
+#include "fixture.h"
 #include "mla_cache.hpp"
 
 namespace {
-
-constexpr size_t BS = 4;
 
 static_assert(!std::is_copy_constructible_v<mla::Manager>, "handles are move-only");
 static_assert(!std::is_copy_assignable_v<mla::Store>, "handles are move-only");
@@ -28,9 +26,7 @@ mla::Config small_config(size_t num_blocks) {
 
 std::vector<MlaTokenId> tokens(size_t n, MlaTokenId first) {
     std::vector<MlaTokenId> t(n);
-    for (size_t i = 0; i < n; i++) {
-        t[i] = first + static_cast<MlaTokenId>(i);
-    }
+    fill_tokens(t.data(), n, first);
     return t;
 }
 
