@@ -1,6 +1,6 @@
 /*
  * Exercises every function of the C API and every status it can return
- * without a GPU. Built and run by tests/c_abi.rs and scripts/c-tests.sh
+ * without a GPU. Built and run by capi/tests/c_abi.rs and scripts/c-tests.sh
  * (which can run it under valgrind).
  */
 #include <math.h>

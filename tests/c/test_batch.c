@@ -2,7 +2,7 @@
  * The batched calls of the C API (append, block tables, free), the request
  * queries (computed tokens, capacity, dry-run admission), the fixed-width
  * enums and the LoRA adapter path in the extra keys. Built and run by
- * tests/c_abi.rs and scripts/c-tests.sh (under valgrind and ASan there).
+ * capi/tests/c_abi.rs and scripts/c-tests.sh (under valgrind and ASan there).
  */
 #include <stdint.h>
 #include <stdlib.h>

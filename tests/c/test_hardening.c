@@ -2,7 +2,7 @@
  * Bad input the C API must refuse with a status and a message, changing
  * nothing: sizes that would overflow, multimodal ranges outside the prompt,
  * destroyed handles whose slot a new object took. Built and run by
- * tests/c_abi.rs and scripts/c-tests.sh (also under valgrind).
+ * capi/tests/c_abi.rs and scripts/c-tests.sh (also under valgrind).
  */
 #include <stdint.h>
 

@@ -1,6 +1,6 @@
 // The C++ wrapper (include/mla_cache.hpp): move-only handles, errors as
 // mla::Error, and a decode loop over the batched calls checked against the
-// single calls, also from several threads. Built and run by tests/c_abi.rs
+// single calls, also from several threads. Built and run by capi/tests/c_abi.rs
 // and scripts/c-tests.sh (under valgrind and ASan there).
 #include <atomic>
 #include <cstring>
