@@ -809,6 +809,7 @@ class VllmManagerBase:
         stats_class: Any,
         *,
         block_size: int,
+        max_model_len: int,
         num_reprefillable_tokens: int,
         enable_caching: bool,
         use_eagle: bool,
@@ -833,6 +834,9 @@ class VllmManagerBase:
         """Appends freshly allocated blocks (block manager ids) to a tracked
         request's table; ``ValueError`` (nothing changes) for an id outside
         the cache."""
+    def _num_free_among(self, blocks: Iterable[Any]) -> int:
+        """How many of the hit's block objects no request holds; ``ValueError``
+        for the null block or an id outside the cache."""
     def _cache(self, request: Any, tracked: TrackedRequest, num_tokens: int) -> None:
         """Commits the request's hashed full blocks among its first ``num_tokens``."""
     def allocate_slots(
@@ -850,8 +854,8 @@ class VllmManagerBase:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: Any = None,
     ) -> Any:
-        """vLLM's ``allocate_slots``: a counter check for a running request
-        whose blocks have the room, else ``_allocate_slots``."""
+        """vLLM's ``allocate_slots``: a running request's step here (a
+        counter check until a block fills), admissions in ``_allocate_slots``."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """Makes the request's hashed full blocks among its first
         ``num_computed_tokens`` tokens shareable."""

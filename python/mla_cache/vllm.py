@@ -45,9 +45,7 @@ vLLM's semantics, kept:
   request reads the cache.
 
 Differences: two physical blocks are never cached under one hash (vLLM keeps
-both); an admission refused only because its prefix hit's free blocks
-would leave too few (watermark, reserve, full sequence) touches the hit
-blocks' place in the free queue.
+both).
 """
 
 from __future__ import annotations
@@ -501,6 +499,7 @@ class KVCacheManager(VllmManagerBase):
             self._blocks_cls,
             self._stats_cls,
             block_size=block_size,
+            max_model_len=max_model_len,
             num_reprefillable_tokens=self.num_reprefillable_tokens,
             enable_caching=enable_caching,
             use_eagle=use_eagle,
@@ -589,11 +588,10 @@ class KVCacheManager(VllmManagerBase):
         has_scheduled_reqs: bool,
         skip_zeroing_group_ids: Tuple[int, ...],
     ) -> Optional[KVCacheBlocks]:
-        """``allocate_slots`` (the native base's) where the request is not
-        running or its blocks lack the room. Allocates slots for
+        """``allocate_slots`` (the native base's) for a request that is not
+        running, and for the arguments vLLM refuses. Allocates slots for
         ``num_new_tokens`` tokens to compute (and ``num_lookahead_tokens``
-        speculative ones) after the request's
-        computed tokens, its new prefix hit (``num_new_computed_tokens``
+        speculative ones) after the request's computed tokens, its new prefix hit (``num_new_computed_tokens``
         tokens in ``new_computed_blocks``) and ``num_external_computed_tokens``
         loaded by a KV connector. Returns the new blocks, or ``None`` (nothing
         changed) when they do not fit in the free blocks less
@@ -617,46 +615,22 @@ class KVCacheManager(VllmManagerBase):
             self.max_model_len,
         )
         slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        bs = self.block_size
-        tracked = self._requests.get(request.request_id)
+        if request.request_id in self._requests:
+            # The native base runs every other step of a running request.
+            raise ValueError("a running request takes no new prefix hits")
+        watermark = 0
+        if has_scheduled_reqs and _is_waiting(request):
+            watermark = self.watermark_blocks
+        tracked, new = self._admit(
+            request,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            slots,
+            reserved_blocks + watermark,
+            watermark if full_sequence_must_fit else None,
+        )
         if tracked is None:
-            watermark = 0
-            if has_scheduled_reqs and _is_waiting(request):
-                watermark = self.watermark_blocks
-            tracked, new = self._admit(
-                request,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                slots,
-                reserved_blocks + watermark,
-                watermark if full_sequence_must_fit else None,
-            )
-            if tracked is None:
-                return None
-        else:
-            if num_new_computed_tokens:
-                raise ValueError("a running request takes no new prefix hits")
-            held = len(tracked.blocks)
-            need = -(-slots // bs) - held
-            if need > 0:
-                if self._manager.num_free_blocks - reserved_blocks < need:
-                    return None
-                try:
-                    if self._pass_tokens and slots <= request.num_tokens:
-                        # Every slot holds a known token (a prefill chunk)
-                        # that events will carry: one call hands them
-                        # over and takes the blocks.
-                        grown = self._manager.append(
-                            tracked.key, request.all_token_ids[tracked.appended : slots]
-                        )
-                        tracked.appended = slots
-                    else:
-                        grown = self._manager.reserve(tracked.key, slots)
-                except OutOfBlocks:
-                    return None
-                new = self._take_new(tracked, grown.new_block_ids)
-            else:
-                new = None
+            return None
         if not delay_cache_blocks:
             self._cache(request, tracked, min(total_computed + num_new_tokens, request.num_tokens))
         if not new:
@@ -757,9 +731,9 @@ class KVCacheManager(VllmManagerBase):
         full_watermark: Optional[int],
     ) -> Tuple[Optional[TrackedRequest], Optional[List[KVCacheBlock]]]:
         """Admits a request with exactly the hit the scheduler accepted and
-        ``slots`` slots; ``(None, None)`` if fewer than ``keep_free`` blocks
-        would stay free (or, with ``full_watermark``, the whole sequence
-        would not fit above it)."""
+        ``slots`` slots; ``(None, None)``, nothing touched, if fewer than
+        ``keep_free`` blocks would stay free (or, with ``full_watermark``,
+        the whole sequence would not fit above it)."""
         bs = self.block_size
         expected = [] if hit_blocks is None else list(hit_blocks.blocks[0])
         if hit % bs or len(expected) * bs != hit:
@@ -768,11 +742,17 @@ class KVCacheManager(VllmManagerBase):
         head = hit + 1
         n = hit // bs
         need = -(-max(slots, head) // bs)
-        if need < self.num_blocks and self._manager.num_free_blocks - (need - n) < keep_free:
-            # Short even before the hit's free blocks are taken: refused
-            # without touching the hit, as vLLM refuses (a request larger
-            # than the cache goes on to the block manager's error).
-            return None, None
+        if need < self.num_blocks:
+            # vLLM's check, before anything changes: the new blocks and the
+            # hit's free ones must leave ``keep_free`` blocks free (a request
+            # larger than the cache goes on to the block manager's error).
+            free_after = self._manager.num_free_blocks - (need - n) - self._num_free_among(expected)
+            short = free_after < keep_free
+            if full_watermark is not None and not short:
+                whole = -(-min(request.num_tokens, self.max_model_len) // bs)
+                short = free_after < max(whole - need, 0) + full_watermark
+            if short:
+                return None, None
         key = next(self._keys)
         try:
             admission = self._manager.admit(
@@ -791,14 +771,6 @@ class KVCacheManager(VllmManagerBase):
         ]:
             self._manager.free(key)
             raise RuntimeError(f"request {request.request_id}: the prefix hit changed since get_computed_blocks")
-        free_after = self._manager.num_free_blocks
-        short = free_after < keep_free
-        if full_watermark is not None and not short:
-            whole = -(-min(request.num_tokens, self.max_model_len) // bs)
-            short = free_after < max(whole - len(table), 0) + full_watermark
-        if short:
-            self._manager.free(key)
-            return None, None
         tracked = self._track(request.request_id, key, list(expected), head, n)
         return tracked, self._take_new(tracked, table[n:])
 

@@ -598,6 +598,10 @@ def test_native_base_refuses_bad_arguments_and_changes_nothing():
         m._take_new(m._requests["a"], [5, 16])
     with pytest.raises(TypeError):
         m._take_new(m._requests["a"], ["5"])
+    held = m.get_blocks("a").blocks[0]
+    assert m._num_free_among(held) == 0
+    with pytest.raises(ValueError, match="not a cache block"):
+        m._num_free_among([m.block_pool.null_block])
     with pytest.raises(TypeError):
         m.allocate_slots(req, "1")
     with pytest.raises(TypeError):
@@ -617,11 +621,11 @@ def test_an_unbound_native_base_raises_instead_of_crashing():
         base.get_blocks("a")
     manager = mla_cache.BlockManager(small_config(8, BS))
     with pytest.raises(ValueError, match="block_size"):
-        base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=0,
+        base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=0, max_model_len=64,
                    num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
                    log_stats=False, enable_kv_cache_events=False)
     with pytest.raises(ValueError, match="null block"):
-        base._bind(manager, [None], None, KVCacheBlocks, dict, block_size=BS,
+        base._bind(manager, [None], None, KVCacheBlocks, dict, block_size=BS, max_model_len=64,
                    num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
                    log_stats=False, enable_kv_cache_events=False)
     with pytest.raises(RuntimeError, match="_bind"):
@@ -642,3 +646,22 @@ def test_get_blocks_is_one_live_view_per_admission():
     schedule_prefill(m, req)
     assert m.get_blocks("a") is not view, "a re-admission gets a view of its own"
     assert view.get_block_ids() == ([1, 2],), "an old view keeps its blocks, as vLLM's does"
+
+
+def test_an_admission_short_of_blocks_through_its_free_hit_touches_nothing():
+    """As vLLM counts them, a hit's free blocks leave the free pool when
+    admitted: a request they make short is refused before anything changes
+    (no admission, no lookup counted, the hit's place in the LRU kept)."""
+    m = make(num_blocks=6)
+    a = Request("a", list(range(12)))
+    schedule_prefill(m, a)
+    m.free(a)  # its 3 full blocks stay cached, free
+    schedule_prefill(m, Request("h", list(range(100, 108))))  # 2 blocks held
+    b = Request("b", list(range(12)) + [50] * 8)  # 5 blocks, a's 3 a hit
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12 and m.manager.num_free_blocks == 4
+    before = m.manager.stats()
+    # 2 new blocks and the 3 free hit blocks: 5 > 4 free.
+    assert m.allocate_slots(b, b.num_tokens - hit, hit, blocks) is None
+    assert m.manager.stats() == before and "b" not in m._requests
+    assert m.get_computed_blocks(b)[1] == 12

@@ -15,7 +15,7 @@ use super::digests;
 use super::errors;
 use super::int_arrays::{self, tokens};
 use super::manager::BlockManager;
-use crate::{manager, RequestId};
+use crate::{manager, BlockId, Error, RequestId};
 
 /// What the adapter keeps of an admitted request (its entry in
 /// ``KVCacheManager._requests``).
@@ -52,6 +52,7 @@ struct State {
     stats_class: Py<PyAny>,
     requests: Py<PyDict>,
     block_size: usize,
+    max_model_len: usize,
     reprefillable: usize,
     caching: bool,
     pass_tokens: bool,
@@ -136,6 +137,110 @@ impl State {
         Ok(())
     }
 
+    /// Appends freshly allocated blocks (block manager ids) to a tracked
+    /// request's table; returns their block objects, marked uncached.
+    fn take_new<'py>(
+        &self,
+        tracked: &Bound<'py, Tracked>,
+        ids: &[BlockId],
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = tracked.py();
+        let objs = self.block_objs.bind(py);
+        if let Some(bad) = ids.iter().find(|&&b| b as usize + 1 >= objs.len()) {
+            return Err(PyValueError::new_err(format!(
+                "block id {bad} is outside the cache ({} blocks)",
+                objs.len() - 1
+            )));
+        }
+        let new = PyList::empty(py);
+        for &b in ids {
+            let obj = objs.get_item(b as usize + 1)?;
+            obj.setattr(intern!(py, "block_hash_num_tokens"), py.None())?;
+            new.append(obj)?;
+        }
+        let t = tracked.try_borrow()?;
+        let table = t.blocks.bind(py);
+        for obj in new.iter() {
+            table.append(obj)?;
+        }
+        Ok(new)
+    }
+
+    /// A running request's step (``allocate_slots`` without a new prefix
+    /// hit): grows its table to the step's slots when they need blocks
+    /// (``None`` when fewer than ``need + reserved`` blocks are free, nothing
+    /// changed), then commits the step's hashed full blocks unless
+    /// ``delay``. Until a block fills, a counter check.
+    #[allow(clippy::too_many_arguments)]
+    fn step<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        tracked: &Bound<'py, Tracked>,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+        num_external_computed_tokens: i64,
+        delay: bool,
+        reserved_blocks: i64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = request.py();
+        let bs = self.block_size as i64;
+        let max_len = self.max_model_len as i64;
+        let computed: i64 = request
+            .getattr(intern!(py, "num_computed_tokens"))?
+            .extract()?;
+        let total_computed = (computed + num_external_computed_tokens).min(max_len);
+        let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
+        let (held, key, next_cache) = {
+            let t = tracked.try_borrow()?;
+            (t.blocks.bind(py).len() as i64, t.key, t.next_cache)
+        };
+        let need = (slots + bs - 1).div_euclid(bs) - held;
+        let mut new = None;
+        if need > 0 {
+            let core = self.core();
+            if core.num_free_blocks() as i64 - reserved_blocks < need {
+                return Ok(None);
+            }
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            let grown = if self.pass_tokens && slots <= total {
+                // Every slot holds a known token (a prefill chunk) that
+                // events will carry: one call hands them over and takes the
+                // blocks.
+                let appended = tracked.try_borrow()?.appended;
+                let all = request.getattr(intern!(py, "all_token_ids"))?;
+                let chunk = tokens(&all.get_item(PySlice::new(
+                    py,
+                    appended as isize,
+                    slots as isize,
+                    1,
+                ))?)?;
+                let grown = core.append(key, &chunk);
+                if grown.is_ok() {
+                    tracked.try_borrow_mut()?.appended = slots as usize;
+                }
+                grown
+            } else {
+                core.reserve(key, slots as usize)
+            };
+            match grown {
+                Ok(g) => new = Some(self.take_new(tracked, &g.new_block_ids)?),
+                Err(Error::OutOfBlocks { .. }) => return Ok(None),
+                Err(e) => return Err(errors::to_py(e)),
+            }
+        }
+        let upto = total_computed + num_new_tokens;
+        if !delay && upto >= next_cache as i64 {
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            self.cache(request, tracked, upto.min(total))?;
+        }
+        match new {
+            Some(blocks) if !blocks.is_empty() => {
+                Ok(Some(self.blocks_class.bind(py).call1(((blocks,),))?))
+            }
+            _ => Ok(Some(self.empty.bind(py).clone())),
+        }
+    }
+
     /// Whether a prefix lookup runs for the request.
     fn lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
         if !self.caching {
@@ -178,7 +283,7 @@ impl VllmManagerBase {
     /// ``KVCacheBlocks``, the ``KVCacheBlocks`` and prefix-cache stats
     /// classes. ``ValueError`` (nothing bound) for a zero block size or fewer
     /// than two blocks.
-    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events))]
+    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events))]
     #[allow(clippy::too_many_arguments)]
     fn _bind(
         &mut self,
@@ -189,6 +294,7 @@ impl VllmManagerBase {
         blocks_class: Py<PyAny>,
         stats_class: Py<PyAny>,
         block_size: usize,
+        max_model_len: usize,
         num_reprefillable_tokens: usize,
         enable_caching: bool,
         use_eagle: bool,
@@ -211,6 +317,7 @@ impl VllmManagerBase {
             stats_class,
             requests: PyDict::new(py).unbind(),
             block_size,
+            max_model_len,
             reprefillable: num_reprefillable_tokens,
             caching: enable_caching,
             pass_tokens: enable_caching && enable_kv_cache_events,
@@ -291,28 +398,32 @@ impl VllmManagerBase {
         tracked: &Bound<'py, Tracked>,
         block_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let py = tracked.py();
-        let st = self.state()?;
         let ids = int_arrays::block_ids(block_ids)?;
-        let objs = st.block_objs.bind(py);
-        if let Some(bad) = ids.iter().find(|&&b| b as usize + 1 >= objs.len()) {
-            return Err(PyValueError::new_err(format!(
-                "block id {bad} is outside the cache ({} blocks)",
-                objs.len() - 1
-            )));
+        self.state()?.take_new(tracked, &ids)
+    }
+
+    /// How many of ``blocks`` (vLLM block objects, a prefix hit) no request
+    /// holds: the hit blocks an admission takes from the free blocks, as
+    /// vLLM counts them. ``ValueError`` for the null block or an id outside
+    /// the cache.
+    fn _num_free_among(&self, blocks: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let py = blocks.py();
+        let st = self.state()?;
+        let core = st.core();
+        let mut free = 0;
+        for obj in blocks.try_iter()? {
+            let id: usize = obj?.getattr(intern!(py, "block_id"))?.extract()?;
+            let block = id
+                .checked_sub(1)
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!("block id {id} is not a cache block"))
+                })?;
+            if core.ref_count(block).map_err(errors::to_py)? == 0 {
+                free += 1;
+            }
         }
-        let new = PyList::empty(py);
-        for b in ids {
-            let obj = objs.get_item(b as usize + 1)?;
-            obj.setattr(intern!(py, "block_hash_num_tokens"), py.None())?;
-            new.append(obj)?;
-        }
-        let t = tracked.try_borrow()?;
-        let table = t.blocks.bind(py);
-        for obj in new.iter() {
-            table.append(obj)?;
-        }
-        Ok(new)
+        Ok(free)
     }
 
     /// Makes the full blocks among the request's first ``num_tokens`` tokens
@@ -327,11 +438,13 @@ impl VllmManagerBase {
     }
 
     /// Allocates slots for ``num_new_tokens`` tokens to compute (and
-    /// ``num_lookahead_tokens`` speculative ones), as vLLM's manager does:
-    /// see ``KVCacheManager._allocate_slots``, which this calls unless the
-    /// request is running and its blocks already have the room (then the
-    /// step's hashed full blocks are committed and the shared empty result
-    /// returned).
+    /// ``num_lookahead_tokens`` speculative ones), as vLLM's manager does.
+    /// A running request's step runs here: its table grows to the step's
+    /// slots when they need blocks (``None`` when they do not fit in the
+    /// free blocks less ``reserved_blocks``, nothing changed), the step's
+    /// hashed full blocks are committed unless ``delay_cache_blocks``, and
+    /// the new blocks (or the shared empty result) come back. Admissions and
+    /// bad arguments go to ``KVCacheManager._allocate_slots``.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = 0, num_external_computed_tokens = 0, delay_cache_blocks = false, num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0, has_scheduled_reqs = true, skip_zeroing_group_ids = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
@@ -350,31 +463,24 @@ impl VllmManagerBase {
         skip_zeroing_group_ids: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
-        if num_new_tokens != 0
+        if num_encoder_tokens == 0
             && num_new_computed_tokens == 0
-            && num_external_computed_tokens == 0
-            && num_encoder_tokens == 0
+            && (num_new_tokens != 0 || num_external_computed_tokens != 0)
         {
             let this = slf.try_borrow()?;
             let st = this.state()?;
             let request_id = request.getattr(intern!(py, "request_id"))?;
             if let Some(tracked) = st.tracked(&request_id)? {
-                // A running request's step: a counter check until a block fills.
-                let computed: i64 = request
-                    .getattr(intern!(py, "num_computed_tokens"))?
-                    .extract()?;
-                let computed = computed + num_new_tokens;
-                let (held, next_cache) = {
-                    let t = tracked.try_borrow()?;
-                    (t.blocks.bind(py).len(), t.next_cache)
-                };
-                if computed + num_lookahead_tokens <= (held * st.block_size) as i64 {
-                    if !delay_cache_blocks && computed >= next_cache as i64 {
-                        let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-                        st.cache(request, &tracked, computed.min(total))?;
-                    }
-                    return Ok(st.empty.bind(py).clone());
-                }
+                let out = st.step(
+                    request,
+                    &tracked,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    num_external_computed_tokens,
+                    delay_cache_blocks,
+                    reserved_blocks,
+                )?;
+                return Ok(out.unwrap_or_else(|| py.None().into_bound(py)));
             }
         }
         let skip_zeroing = match skip_zeroing_group_ids {
