@@ -581,6 +581,9 @@ def test_bad_digests_raise_in_the_native_hot_path_and_change_nothing(digests, er
     with pytest.raises(error):
         m.allocate_slots(req, 2)  # the decode step's commit
     assert snapshot(m, req) == before
+    with pytest.raises(error):
+        m.allocate_slots(req, 2, num_lookahead_tokens=4)  # a step that grows the table
+    assert snapshot(m, req) == before
     m.manager._check_invariants()
 
 

@@ -15,7 +15,7 @@ use super::digests;
 use super::errors;
 use super::int_arrays::{self, tokens};
 use super::manager::BlockManager;
-use crate::{manager, BlockId, Error, RequestId};
+use crate::{manager, BlockHash, BlockId, Error, RequestId, TokenId};
 
 /// What the adapter keeps of an admitted request (its entry in
 /// ``KVCacheManager._requests``).
@@ -41,6 +41,15 @@ pub struct Tracked {
     /// The ``KVCacheBlocks`` over ``blocks`` (live), handed out by ``get_blocks``.
     #[pyo3(get)]
     view: Py<PyAny>,
+}
+
+/// A commit `State::plan_commit` checked: the full blocks to reach, their
+/// block hashes, vLLM's digests, and the tokens to hand over first (events).
+struct Commit<'py> {
+    full: usize,
+    hashes: Vec<BlockHash>,
+    digests: Bound<'py, PyList>,
+    tokens: Option<Vec<TokenId>>,
 }
 
 /// What `_bind` sets: the manager, vLLM's objects and the adapter's settings.
@@ -96,44 +105,82 @@ impl State {
         tracked: &Bound<'_, Tracked>,
         num_tokens: i64,
     ) -> PyResult<()> {
+        let held = tracked.try_borrow()?.blocks.bind(request.py()).len();
+        match self.plan_commit(request, tracked, num_tokens, held)? {
+            Some(commit) => self.apply_commit(tracked, commit),
+            None => Ok(()),
+        }
+    }
+
+    /// What `cache` would commit once the request holds `held` blocks,
+    /// read and checked (digests, tokens) without changing anything; `None`
+    /// when no block more is full and hashed.
+    fn plan_commit<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        tracked: &Bound<'py, Tracked>,
+        num_tokens: i64,
+        held: usize,
+    ) -> PyResult<Option<Commit<'py>>> {
         if !self.caching {
-            return Ok(());
+            return Ok(None);
         }
         let py = request.py();
         let bs = self.block_size;
         let digests = request.getattr(intern!(py, "block_hashes"))?;
         let digests = digests
-            .cast::<PyList>()
+            .cast_into::<PyList>()
             .map_err(|_| PyTypeError::new_err("request.block_hashes must be a list of bytes"))?;
-        let mut t = tracked.try_borrow_mut()?;
-        let blocks = t.blocks.bind(py).clone();
+        let (cached, appended) = {
+            let t = tracked.try_borrow()?;
+            (t.cached_blocks, t.appended)
+        };
         // Never past the slots held: tokens only fill room already allocated.
         let upto_tokens = usize::try_from(num_tokens - self.reprefillable as i64).unwrap_or(0);
-        let full = upto_tokens.min(digests.len() * bs).min(blocks.len() * bs) / bs;
-        if full <= t.cached_blocks {
-            return Ok(());
+        let full = upto_tokens.min(digests.len() * bs).min(held * bs) / bs;
+        if full <= cached {
+            return Ok(None);
         }
+        let hashes = digests::block_hashes(self.core(), digests.get_slice(cached, full).as_any())?;
         let upto = full * bs;
-        let core = self.core();
-        let hashes =
-            digests::block_hashes(core, digests.get_slice(t.cached_blocks, full).as_any())?;
-        if self.pass_tokens && upto > t.appended {
+        let tokens = if self.pass_tokens && upto > appended {
             let all = request.getattr(intern!(py, "all_token_ids"))?;
-            let slice = PySlice::new(py, t.appended as isize, upto as isize, 1);
-            let new = tokens(&all.get_item(slice)?)?;
-            core.append(t.key, &new).map_err(errors::to_py)?;
+            let slice = PySlice::new(py, appended as isize, upto as isize, 1);
+            Some(tokens(&all.get_item(slice)?)?)
+        } else {
+            None
+        };
+        Ok(Some(Commit {
+            full,
+            hashes,
+            digests,
+            tokens,
+        }))
+    }
+
+    /// Carries out a planned commit.
+    fn apply_commit(&self, tracked: &Bound<'_, Tracked>, commit: Commit<'_>) -> PyResult<()> {
+        let py = tracked.py();
+        let bs = self.block_size;
+        let core = self.core();
+        let mut t = tracked.try_borrow_mut()?;
+        let upto = commit.full * bs;
+        // A growth by append since the plan already handed the tokens over.
+        if let (Some(new), true) = (&commit.tokens, t.appended < upto) {
+            core.append(t.key, new).map_err(errors::to_py)?;
             t.appended = upto;
         }
         // Without events the commit reaches past the tokens the manager holds.
-        core.commit_hashed(t.key, upto, &hashes)
+        core.commit_hashed(t.key, upto, &commit.hashes)
             .map_err(errors::to_py)?;
-        for i in t.cached_blocks..full {
+        let blocks = t.blocks.bind(py);
+        for i in t.cached_blocks..commit.full {
             let b = blocks.get_item(i)?;
             b.setattr(intern!(py, "block_hash_num_tokens"), (i + 1) * bs)?;
-            b.setattr(intern!(py, "digest"), digests.get_item(i)?)?;
+            b.setattr(intern!(py, "digest"), commit.digests.get_item(i)?)?;
         }
-        t.cached_blocks = full;
-        t.next_cache = self.next_cache(full);
+        t.cached_blocks = commit.full;
+        t.next_cache = self.next_cache(commit.full);
         Ok(())
     }
 
@@ -195,6 +242,16 @@ impl State {
             (t.blocks.bind(py).len() as i64, t.key, t.next_cache)
         };
         let need = (slots + bs - 1).div_euclid(bs) - held;
+        // The commit is planned (digests and tokens checked) before the
+        // table grows, so bad input changes nothing.
+        let upto = total_computed + num_new_tokens;
+        let commit = if !delay && upto >= next_cache as i64 {
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            let held_after = (held + need.max(0)) as usize;
+            self.plan_commit(request, tracked, upto.min(total), held_after)?
+        } else {
+            None
+        };
         let mut new = None;
         if need > 0 {
             let core = self.core();
@@ -228,10 +285,8 @@ impl State {
                 Err(e) => return Err(errors::to_py(e)),
             }
         }
-        let upto = total_computed + num_new_tokens;
-        if !delay && upto >= next_cache as i64 {
-            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-            self.cache(request, tracked, upto.min(total))?;
+        if let Some(commit) = commit {
+            self.apply_commit(tracked, commit)?;
         }
         match new {
             Some(blocks) if !blocks.is_empty() => {
