@@ -12,8 +12,8 @@ read, for one MLA KV cache group (``MLAAttentionSpec``, or
 It reads of vLLM's ``Request`` only what vLLM's manager reads
 (``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
 ``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``,
-``skip_reading_prefix_cache``), and
-imports vLLM only to hand back vLLM's own results (``KVCacheBlocks``), event and stats objects when vLLM is
+``skip_reading_prefix_cache``), and imports vLLM only to hand back vLLM's
+own results (``KVCacheBlocks``), event and stats objects when vLLM is
 installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
 :class:`~mla_cache.CacheConfig`.
 
@@ -394,8 +394,8 @@ class KVCacheManager(VllmManagerBase):
     (``dcp_world_size``/``pcp_world_size`` > 1) and a ``hash_block_size``
     other than the block size are refused with ``ValueError``.
 
-    The calls the scheduler makes every step (a running request's
-    ``allocate_slots`` that needs no new block, ``get_computed_blocks``,
+    The calls the scheduler makes every step (a running request's whole
+    ``allocate_slots``: counter check, growth, commit; ``get_computed_blocks``,
     ``get_blocks``, ``get_block_ids``, ``free``, ``cache_blocks``,
     ``take_events``, ``make_prefix_cache_stats``, ``usage``, the per-step
     hand-offs) are the native base class's (``VllmManagerBase``): no Python
@@ -509,8 +509,6 @@ class KVCacheManager(VllmManagerBase):
         self._pending_free: set = set()
         self._keys = itertools.count()
         self._loras: Dict[str, Tuple[str, int]] = {}
-        self._pass_tokens = enable_caching and enable_kv_cache_events
-        """Whether token ids go to the block manager: only for the events."""
         self.block_pool = BlockPool(self)
         """vLLM's block pool face (KV connectors bind to it)."""
         self.coordinator = _Coordinator(self, spec)
