@@ -1,10 +1,11 @@
 //! `VllmManagerBase`: the native base class of `mla_cache.vllm.KVCacheManager`.
-//! The calls vLLM's scheduler makes every step (a running request's
-//! `allocate_slots` that needs no new block, `get_computed_blocks`,
+//! The calls vLLM's scheduler makes every step (a running request's whole
+//! `allocate_slots`: counter check, growth, commit; `get_computed_blocks`,
 //! `get_blocks`, `free`, `cache_blocks`, the per-step hand-offs and stats)
 //! run here without a Python frame of the adapter's; the Python subclass
-//! keeps the rare paths (admission, growth, deferred frees, event conversion)
-//! and calls back into this class for the shared pieces (`_track`, `_cache`).
+//! keeps the rare paths (admission, deferred frees, event conversion) and
+//! calls back into this class for the shared pieces (`_track`, `_take_new`,
+//! `_cache`, `_num_free_among`).
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -71,6 +72,7 @@ struct State {
 }
 
 impl State {
+    /// The Rust block manager.
     fn core(&self) -> &manager::BlockManager {
         self.manager.get().core()
     }
