@@ -195,7 +195,8 @@ def main() -> None:
             r["kv"].append(sum(v[0] for v in meter.values()) / 1e9)
             r["calls"] = sum(v[1] for v in meter.values())
             r["meter"] = meter
-            print(f"  {name}: {spent:.3f} s, {r['counts']}", file=sys.stderr, flush=True)
+            print(f"  {name}: schedule+update {spent:.3f} s, KV-manager {r['kv'][-1]:.3f} s, {r['counts']}",
+                  file=sys.stderr, flush=True)
     print(f"{len(trace)} requests ({skipped} longer than max_model_len left out), {args.blocks} blocks of {args.block_size}, speedup {args.speedup}, "
           f"request hashes {'off' if args.no_request_hashes else 'on'}; medians of {args.repeat}")
     for name, r in results.items():
