@@ -11,8 +11,9 @@ hasher runs in ``Request``, as in an unmodified vLLM; ``--no-request-hashes``
 leaves it out, what a fork could do, and the adapter then caches nothing —
 vLLM's manager neither). Scheduler time is measured on an untimed manager;
 KV-manager time on a second run whose manager methods are wrapped with
-timers (the wrapper's own cost is included, the same for both). Medians of
-``--repeat`` rounds, the two managers alternating.
+timers (the wrapper's own cost is included, the same for both; a second
+figure leaves out what the timer measures around an empty call, times the
+calls). Medians of ``--repeat`` rounds, the two managers alternating.
 
 Run with the vLLM engine venv (see ``scripts/engine-venv.sh vllm``):
 
@@ -76,24 +77,44 @@ def build_requests(trace, args, block_size: int):
     return out
 
 
+def timed(fn: Any, acc: List[int]) -> Any:
+    """``fn`` wrapped with a timer adding its time and calls to ``acc``."""
+    clock = time.perf_counter_ns
+
+    def wrapper(*a, **kw):
+        t = clock()
+        try:
+            return fn(*a, **kw)
+        finally:
+            acc[0] += clock() - t
+            acc[1] += 1
+
+    return wrapper
+
+
 def timed_manager(km: Any, meter: Dict[str, List[int]]) -> None:
     """Wraps the manager's methods (on the instance) with timers."""
-    clock = time.perf_counter_ns
     for name in MANAGER_METHODS:
         fn = getattr(km, name, None)
-        if fn is None:
-            continue
-        acc = meter.setdefault(name, [0, 0])
+        if fn is not None:
+            setattr(km, name, timed(fn, meter.setdefault(name, [0, 0])))
 
-        def wrapper(*a, __fn=fn, __acc=acc, **kw):
-            t = clock()
-            try:
-                return __fn(*a, **kw)
-            finally:
-                __acc[0] += clock() - t
-                __acc[1] += 1
 
-        setattr(km, name, wrapper)
+def timer_cost_ns(calls: int = 200_000) -> float:
+    """What the timer adds to one call: the time it measures around a call
+    that does nothing (median of 5 rounds)."""
+
+    def nothing(request: Any, n: int, *, num_lookahead_tokens: int = 0) -> None:
+        return None
+
+    rounds = []
+    for _ in range(5):
+        acc = [0, 0]
+        fn = timed(nothing, acc)
+        for _ in range(calls):
+            fn(None, 1, num_lookahead_tokens=0)
+        rounds.append(acc[0] / calls)
+    return statistics.median(rounds)
 
 
 def run(adapter: bool, trace, args, timed: bool) -> Tuple[str, float, Dict[str, List[int]], Dict[str, int]]:
@@ -172,17 +193,26 @@ def main() -> None:
             r["digest"], r["counts"] = digest, counts
             r["sched"].append(spent)
             r["kv"].append(sum(v[0] for v in meter.values()) / 1e9)
+            r["calls"] = sum(v[1] for v in meter.values())
             r["meter"] = meter
-            print(f"  {name}: {spent:.3f} s, {r['counts']}", file=sys.stderr, flush=True)
+            print(f"  {name}: schedule+update {spent:.3f} s, KV-manager {r['kv'][-1]:.3f} s, {r['counts']}",
+                  file=sys.stderr, flush=True)
     print(f"{len(trace)} requests ({skipped} longer than max_model_len left out), {args.blocks} blocks of {args.block_size}, speedup {args.speedup}, "
           f"request hashes {'off' if args.no_request_hashes else 'on'}; medians of {args.repeat}")
     for name, r in results.items():
         print(f"  {name:10s} digest {r['digest']}  {r['counts']}")
         print(f"  {'':10s} schedule()+update_from_output() {statistics.median(r['sched']):.3f} s, "
               f"KV-manager calls {statistics.median(r['kv']):.3f} s")
-        top = sorted(r["meter"].items(), key=lambda kv: -kv[1][0])[:5]
-        print("  " + " " * 10 + " " + ", ".join(f"{k} {v[0] / 1e9:.3f} s/{v[1]}" for k, v in top))
+        top = sorted(r["meter"].items(), key=lambda kv: -kv[1][0])[:6]
+        print("  " + " " * 10 + " " + ", ".join(
+            f"{k} {v[0] / 1e9:.3f} s/{v[1]} ({v[0] / max(v[1], 1) / 1e3:.1f} us)" for k, v in top))
     v, m = results["vllm"], results["mla_cache"]
+    # The timers' own share (what they measure around an empty call), left out.
+    per_call = timer_cost_ns()
+    net = {n: statistics.median(r["kv"]) - r["calls"] * per_call / 1e9 for n, r in results.items()}
+    print(f"  timer inside each measured call {per_call:.0f} ns; KV-manager calls less it: vllm {net['vllm']:.3f} s "
+          f"({v['calls']} calls), mla_cache {net['mla_cache']:.3f} s ({m['calls']} calls): "
+          f"{net['vllm'] / net['mla_cache']:.2f}x less CPU")
     print(f"  same schedule: {v['digest'] == m['digest']}; KV-manager {statistics.median(v['kv']) / statistics.median(m['kv']):.2f}x "
           f"less CPU; schedule+update {statistics.median(v['sched']) / statistics.median(m['sched']):.2f}x faster")
     if v["digest"] != m["digest"]:

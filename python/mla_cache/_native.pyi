@@ -767,3 +767,118 @@ class TieredCache:
         ``remote_hit_tokens``, ``written_through``, ``written_back``,
         ``copy_errors``; ``host`` and ``remote`` (dicts or ``None``);
         ``manager`` (the device tier's ``BlockManager.stats()`` counters)."""
+
+@final
+class TrackedRequest:
+    """What the vLLM adapter keeps of an admitted request (made by
+    ``VllmManagerBase._track``)."""
+
+    @property
+    def key(self) -> int:
+        """The request's id in the block manager (fresh per admission)."""
+    @property
+    def blocks(self) -> list[Any]:
+        """Its block table (vLLM's block objects)."""
+    @property
+    def appended(self) -> int:
+        """Tokens given to the block manager."""
+    @appended.setter
+    def appended(self, value: int) -> None: ...
+    @property
+    def cached_blocks(self) -> int:
+        """Full blocks committed (shareable)."""
+    @property
+    def next_cache(self) -> int:
+        """Computed tokens from which one more block may be committed."""
+    @property
+    def view(self) -> Any:
+        """The ``KVCacheBlocks`` over ``blocks``, handed out by ``get_blocks``."""
+
+@disjoint_base
+class VllmManagerBase:
+    """The hot path of ``mla_cache.vllm.KVCacheManager`` (its base class; use
+    that class). Driven from the scheduler's thread, as vLLM's own manager."""
+
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> "VllmManagerBase": ...
+    def _bind(
+        self,
+        manager: BlockManager,
+        block_objs: list[Any],
+        empty: Any,
+        blocks_class: Any,
+        stats_class: Any,
+        *,
+        block_size: int,
+        max_model_len: int,
+        num_reprefillable_tokens: int,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
+    ) -> None:
+        """Binds the block manager and vLLM's objects; ``ValueError`` (nothing
+        bound) for a zero block size or fewer than two block objects."""
+    @property
+    def _requests(self) -> dict[str, TrackedRequest]:
+        """Admitted requests by vLLM request id."""
+    @property
+    def empty_kv_cache_blocks(self) -> Any:
+        """The result with no blocks (shared, immutable)."""
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, ``0.0 ..= 1.0`` (null block left out)."""
+    def _track(self, request_id: Any, key: int, blocks: list[Any], appended: int, cached_blocks: int) -> TrackedRequest:
+        """Starts tracking an admitted request; ``ValueError`` (nothing
+        tracked) for one already tracked or more cached blocks than blocks."""
+    def _take_new(self, tracked: TrackedRequest, block_ids: IntVectorLike) -> list[Any]:
+        """Appends freshly allocated blocks (block manager ids) to a tracked
+        request's table; ``ValueError`` (nothing changes) for an id outside
+        the cache."""
+    def _num_free_among(self, blocks: Iterable[Any]) -> int:
+        """How many of the hit's block objects no request holds; ``ValueError``
+        for the null block or an id outside the cache."""
+    def _cache(self, request: Any, tracked: TrackedRequest, num_tokens: int) -> None:
+        """Commits the request's hashed full blocks among its first ``num_tokens``."""
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: Any = None,
+    ) -> Any:
+        """vLLM's ``allocate_slots``: a running request's step here (a
+        counter check until a block fills), admissions in ``_allocate_slots``."""
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """Makes the request's hashed full blocks among its first
+        ``num_computed_tokens`` tokens shareable."""
+    def free(self, request: Any) -> None:
+        """Frees the request's blocks at once (an unknown request is ignored)."""
+    def get_blocks(self, request_id: Any) -> Any:
+        """The request's ``KVCacheBlocks`` (the live table; empty if unknown)."""
+    def get_block_ids(self, request_id: Any) -> Tuple[list[int]]:
+        """The request's block ids, per group (one)."""
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        """Whether a prefix lookup runs for the request."""
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: Optional[int] = None) -> Tuple[Any, int, int]:
+        """The cached full blocks of the request's longest cached prefix:
+        ``(blocks, num_computed_tokens, 0)``."""
+    def new_step_starts(self) -> None:
+        """Nothing to do at a step's start."""
+    def take_new_block_ids(self) -> list[int]:
+        """Always empty (no zeroing)."""
+    def take_kv_cache_block_copies(self) -> Tuple[list[Any], list[Any]]:
+        """Always ``([], [])``."""
+    def take_boundary_state_offloads(self) -> dict[str, list[Tuple[int, int, int]]]:
+        """Always empty."""
+    def take_events(self) -> list[Any]:
+        """Events since the last call (empty unless events are on)."""
+    def make_prefix_cache_stats(self) -> Any:
+        """The prefix-cache stats since the last call; ``None`` without ``log_stats``."""

@@ -12,8 +12,8 @@ read, for one MLA KV cache group (``MLAAttentionSpec``, or
 It reads of vLLM's ``Request`` only what vLLM's manager reads
 (``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
 ``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``,
-``skip_reading_prefix_cache``), and
-imports vLLM only to hand back vLLM's own event and stats objects when vLLM is
+``skip_reading_prefix_cache``), and imports vLLM only to hand back vLLM's
+own results (``KVCacheBlocks``), event and stats objects when vLLM is
 installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
 :class:`~mla_cache.CacheConfig`.
 
@@ -45,18 +45,16 @@ vLLM's semantics, kept:
   request reads the cache.
 
 Differences: two physical blocks are never cached under one hash (vLLM keeps
-both); a refused admission with a prefix hit (watermark, reserve, full
-sequence) touches the hit blocks' place in the free queue.
+both).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ._native import BlockManager, CacheConfig, ExtraKeys, OutOfBlocks
+from ._native import BlockManager, CacheConfig, ExtraKeys, OutOfBlocks, TrackedRequest, VllmManagerBase
 from . import kv_events
 
 __all__ = [
@@ -199,6 +197,16 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
+def _blocks_class() -> type:
+    """vLLM's ``KVCacheBlocks`` when vLLM is installed (the scheduler and the
+    KV connectors get vLLM's own results), else ours."""
+    try:
+        from vllm.v1.core.kv_cache_manager import KVCacheBlocks as VllmBlocks
+    except ImportError:
+        return KVCacheBlocks
+    return VllmBlocks
+
+
 def _stats_class() -> type:
     """vLLM's ``PrefixCacheStats`` when vLLM is installed, else ours."""
     try:
@@ -206,25 +214,6 @@ def _stats_class() -> type:
     except ImportError:
         return PrefixCacheStats
     return VllmStats
-
-
-@dataclass(slots=True)
-class _Tracked:
-    """What the adapter keeps of an admitted request."""
-
-    key: int
-    """The request's id in the block manager (fresh per admission, so a
-    re-admitted request never meets its own deferred free)."""
-    blocks: List[KVCacheBlock]
-    """Its block table (the list ``get_blocks`` hands out)."""
-    appended: int
-    """Tokens given to the block manager."""
-    cached_blocks: int
-    """Full blocks committed (shareable)."""
-    next_cache: int
-    """Computed tokens from which one more block may be committed."""
-    view: "KVCacheBlocks"
-    """``KVCacheBlocks`` over ``blocks`` (live), handed out by ``get_blocks``."""
 
 
 class _PoppedBlocks(List[KVCacheBlock]):
@@ -394,7 +383,7 @@ def _lora_key(lora: Any) -> str:
     return lora.lora_name if not path else f"{lora.lora_name}\x00{path}"
 
 
-class KVCacheManager:
+class KVCacheManager(VllmManagerBase):
     """vLLM v1's ``KVCacheManager`` over an mla_cache ``BlockManager``.
 
     Takes the scheduler's own constructor keywords. ``kv_cache_config`` is
@@ -404,6 +393,14 @@ class KVCacheManager:
     coming from vLLM's config. Parallel decode/prefill context
     (``dcp_world_size``/``pcp_world_size`` > 1) and a ``hash_block_size``
     other than the block size are refused with ``ValueError``.
+
+    The calls the scheduler makes every step (a running request's whole
+    ``allocate_slots``: counter check, growth, commit; ``get_computed_blocks``,
+    ``get_blocks``, ``get_block_ids``, ``free``, ``cache_blocks``,
+    ``take_events``, ``make_prefix_cache_stats``, ``usage``, the per-step
+    hand-offs) are the native base class's (``VllmManagerBase``): no Python
+    frame of the adapter's. Like vLLM's own manager, it is driven from the
+    scheduler's thread.
     """
 
     def __init__(
@@ -489,19 +486,29 @@ class KVCacheManager:
         """No Mamba groups."""
         self.retained_hit_group_ids: Tuple[int, ...] = ()
         """No group keeps a longer hit than it uses."""
-        self.empty_kv_cache_blocks: KVCacheBlocks = KVCacheBlocks(((),))
-        """The result with no blocks (shared, immutable)."""
         self._stats_cls = _stats_class()
+        self._blocks_cls = _blocks_class()
+        """The class of the results (vLLM's `KVCacheBlocks` when installed)."""
         self.prefix_cache_stats = self._stats_cls() if log_stats else None
         """Stats of the current period (``None`` without ``log_stats``)."""
         self._block_objs = [KVCacheBlock(b, self._manager) for b in range(num_blocks)]
-        self._requests: Dict[str, _Tracked] = {}
+        self._bind(
+            self._manager,
+            self._block_objs,
+            self._blocks_cls(((),)),
+            self._blocks_cls,
+            self._stats_cls,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            num_reprefillable_tokens=self.num_reprefillable_tokens,
+            enable_caching=enable_caching,
+            use_eagle=use_eagle,
+            log_stats=log_stats,
+            enable_kv_cache_events=enable_kv_cache_events,
+        )
         self._pending_free: set = set()
         self._keys = itertools.count()
         self._loras: Dict[str, Tuple[str, int]] = {}
-        self._lock = threading.Lock()
-        self._pass_tokens = enable_caching and enable_kv_cache_events
-        """Whether token ids go to the block manager: only for the events."""
         self.block_pool = BlockPool(self)
         """vLLM's block pool face (KV connectors bind to it)."""
         self.coordinator = _Coordinator(self, spec)
@@ -537,24 +544,7 @@ class KVCacheManager:
         """The block manager (its ids are vLLM's minus one)."""
         return self._manager
 
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks in use, ``0.0 ..= 1.0`` (null block left out)."""
-        return self._manager.usage
-
     # ----- stats -------------------------------------------------------------
-
-    def make_prefix_cache_stats(self) -> Any:
-        """The stats since the last call, starting a new period; ``None``
-        without ``log_stats``."""
-        if not self.log_stats:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, self._stats_cls()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
-        """Whether a prefix lookup runs for the request."""
-        return self.enable_caching and not getattr(request, "skip_reading_prefix_cache", False)
 
     def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
         """Counts an admission that found ``num_hits`` tokens cached; nothing
@@ -567,35 +557,6 @@ class KVCacheManager:
             )
 
     # ----- lookups -----------------------------------------------------------
-
-    def get_computed_blocks(
-        self, request: Any, max_cache_hit_length: Optional[int] = None
-    ) -> Tuple[KVCacheBlocks, int, int]:
-        """The cached full blocks of the request's longest cached prefix, at
-        most ``max_cache_hit_length`` tokens (default ``num_tokens - 1``: the
-        last token is recomputed for its logits); with ``use_eagle`` the last
-        hit block is dropped. ``(blocks, num_computed_tokens, 0)``; no
-        references are taken. The third value is vLLM's shared-prefix
-        boundary of sparse groups, always 0 here."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        limit = request.num_tokens - 1
-        if max_cache_hit_length is not None:
-            limit = min(limit, max_cache_hit_length)
-        # vLLM's digests name the blocks: no token is passed or hashed, and
-        # nothing past the blocks vLLM has hashed is looked up.
-        hashes = request.block_hashes
-        n = min(limit // self.block_size, len(hashes))
-        if n == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        found = self._manager.match_block_hashes(hashes[:n] if n < len(hashes) else hashes)
-        n = found.num_tokens // self.block_size
-        if self.use_eagle and n:
-            n -= 1
-        if n == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        objs = self._block_objs
-        return KVCacheBlocks(([objs[b + 1] for b in found.block_ids[:n].tolist()],)), n * self.block_size, 0
 
     def get_computed_blocks_for_connector(
         self, request: Any, max_cache_hit_length: Optional[int] = None
@@ -610,24 +571,25 @@ class KVCacheManager:
 
     # ----- allocation --------------------------------------------------------
 
-    def allocate_slots(
+    def _allocate_slots(
         self,
         request: Any,
         num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: Optional[KVCacheBlocks] = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-        skip_zeroing_group_ids: Tuple[int, ...] = (),
+        num_new_computed_tokens: int,
+        new_computed_blocks: Optional[KVCacheBlocks],
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+        skip_zeroing_group_ids: Tuple[int, ...],
     ) -> Optional[KVCacheBlocks]:
-        """Allocates slots for ``num_new_tokens`` tokens to compute (and
-        ``num_lookahead_tokens`` speculative ones) after the request's
-        computed tokens, its new prefix hit (``num_new_computed_tokens``
+        """``allocate_slots`` (the native base's) for a request that is not
+        running, and for the arguments vLLM refuses. Allocates slots for
+        ``num_new_tokens`` tokens to compute (and ``num_lookahead_tokens``
+        speculative ones) after the request's computed tokens, its new prefix hit (``num_new_computed_tokens``
         tokens in ``new_computed_blocks``) and ``num_external_computed_tokens``
         loaded by a KV connector. Returns the new blocks, or ``None`` (nothing
         changed) when they do not fit in the free blocks less
@@ -640,19 +602,6 @@ class KVCacheManager:
         Raises ``ValueError`` where vLLM does (nothing to compute or adopt)
         and for encoder tokens; ``RuntimeError`` if the hit was evicted since
         ``get_computed_blocks``."""
-        tracked = self._requests.get(request.request_id)
-        if (
-            tracked is not None
-            and num_new_tokens
-            and not (num_new_computed_tokens or num_external_computed_tokens or num_encoder_tokens)
-        ):
-            # A running request's step: a counter check until a block fills.
-            computed = request.num_computed_tokens + num_new_tokens
-            if computed + num_lookahead_tokens <= len(tracked.blocks) * self.block_size:
-                if not delay_cache_blocks and computed >= tracked.next_cache:
-                    with self._lock:
-                        self._cache(request, tracked, min(computed, request.num_tokens))
-                return self.empty_kv_cache_blocks
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError(
                 "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
@@ -664,83 +613,39 @@ class KVCacheManager:
             self.max_model_len,
         )
         slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        bs = self.block_size
-        with self._lock:
-            tracked = self._requests.get(request.request_id)
-            if tracked is None:
-                watermark = 0
-                if has_scheduled_reqs and _is_waiting(request):
-                    watermark = self.watermark_blocks
-                tracked, new = self._admit(
-                    request,
-                    num_new_computed_tokens,
-                    new_computed_blocks,
-                    slots,
-                    reserved_blocks + watermark,
-                    watermark if full_sequence_must_fit else None,
-                )
-                if tracked is None:
-                    return None
-            else:
-                if num_new_computed_tokens:
-                    raise ValueError("a running request takes no new prefix hits")
-                held = len(tracked.blocks)
-                need = -(-slots // bs) - held
-                if need > 0:
-                    if self._manager.num_free_blocks - reserved_blocks < need:
-                        return None
-                    try:
-                        if self._pass_tokens and slots <= request.num_tokens:
-                            # Every slot holds a known token (a prefill chunk)
-                            # that events will carry: one call hands them
-                            # over and takes the blocks.
-                            grown = self._manager.append(
-                                tracked.key, request.all_token_ids[tracked.appended : slots]
-                            )
-                            tracked.appended = slots
-                        else:
-                            grown = self._manager.reserve(tracked.key, slots)
-                    except OutOfBlocks:
-                        return None
-                    new = self._take_new(tracked, grown.new_block_ids.tolist())
-                else:
-                    new = None
-            if not delay_cache_blocks:
-                self._cache(request, tracked, min(total_computed + num_new_tokens, request.num_tokens))
+        if request.request_id in self._requests:
+            # The native base runs every other step of a running request.
+            raise ValueError("a running request takes no new prefix hits")
+        watermark = 0
+        if has_scheduled_reqs and _is_waiting(request):
+            watermark = self.watermark_blocks
+        tracked, new = self._admit(
+            request,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            slots,
+            reserved_blocks + watermark,
+            watermark if full_sequence_must_fit else None,
+        )
+        if tracked is None:
+            return None
+        if not delay_cache_blocks:
+            self._cache(request, tracked, min(total_computed + num_new_tokens, request.num_tokens))
         if not new:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks((new,))
-
-    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        """Makes the request's full blocks among its first
-        ``num_computed_tokens`` tokens shareable (those vLLM has hashed),
-        whether or not the tokens came through ``allocate_slots``."""
-        if self.enable_caching:
-            with self._lock:
-                tracked = self._requests.get(request.request_id)
-                if tracked is not None:
-                    self._cache(request, tracked, num_computed_tokens)
+        return self._blocks_cls((new,))
 
     # ----- freeing -----------------------------------------------------------
-
-    def free(self, request: Any) -> None:
-        """Frees the request's blocks at once, tail first (full blocks stay
-        cached until evicted). A request holding no blocks is ignored."""
-        with self._lock:
-            tracked = self._requests.pop(request.request_id, None)
-            if tracked is not None:
-                self._manager.free(tracked.key)
 
     def pop_blocks_for_free(self, request: Any) -> List[KVCacheBlock]:
         """Detaches the request and returns its blocks in table order, still
         allocated: pass them (or ``reversed`` of them) to
         ``block_pool.free_blocks`` once no in-flight step writes them."""
-        with self._lock:
-            tracked = self._requests.pop(request.request_id, None)
-            if tracked is None:
-                return []
-            self._pending_free.add(tracked.key)
-            return _PoppedBlocks(tracked.key, tracked.blocks)
+        tracked = self._requests.pop(request.request_id, None)
+        if tracked is None:
+            return []
+        self._pending_free.add(tracked.key)
+        return _PoppedBlocks(tracked.key, tracked.blocks)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: Optional[int] = None
@@ -759,10 +664,9 @@ class KVCacheManager:
         ids = list(block_ids)
         if any(not 0 < b < self.num_blocks for b in ids):
             raise ValueError(f"block ids must be in 1..{self.num_blocks - 1}: {ids}")
-        with self._lock:
-            self._manager.evict_blocks([b - 1 for b in ids])
-            for b in ids:
-                self._block_objs[b].block_hash_num_tokens = None
+        self._manager.evict_blocks([b - 1 for b in ids])
+        for b in ids:
+            self._block_objs[b].block_hash_num_tokens = None
 
     def reset_prefix_cache(self) -> bool:
         """Drops every cached block; ``False`` (nothing changes) while any
@@ -773,18 +677,6 @@ class KVCacheManager:
         return done
 
     # ----- reads -------------------------------------------------------------
-
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's blocks (the live table; empty for an unknown one)."""
-        tracked = self._requests.get(request_id)
-        if tracked is None or not tracked.blocks:
-            return self.empty_kv_cache_blocks
-        return tracked.view
-
-    def get_block_ids(self, request_id: str) -> Tuple[List[int], ...]:
-        """The request's block ids, per group."""
-        tracked = self._requests.get(request_id)
-        return ([b.block_id for b in tracked.blocks] if tracked is not None else [],)
 
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int
@@ -799,7 +691,7 @@ class KVCacheManager:
         n, rest = divmod(num_computed_tokens, self.block_size)
         if rest or n > len(blocks.blocks[0]):
             raise ValueError(f"cannot truncate {len(blocks.blocks[0])} blocks to {num_computed_tokens} tokens")
-        return KVCacheBlocks((list(blocks.blocks[0][:n]),)) if n else self.empty_kv_cache_blocks
+        return self._blocks_cls((list(blocks.blocks[0][:n]),)) if n else self.empty_kv_cache_blocks
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> List[int]:
         """Always 0 per group, as in vLLM 0.33 (cascade attention was removed)."""
@@ -807,37 +699,20 @@ class KVCacheManager:
 
     # ----- per-step hand-offs ------------------------------------------------
 
-    def new_step_starts(self) -> None:
-        """Nothing to do at a step's start."""
-
-    def take_new_block_ids(self) -> List[int]:
-        """Always empty: MLA's uniform-precision cache needs no zeroing."""
-        return []
-
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
         """Nothing: no zeroing (``start_token`` must still be block aligned)."""
         if start_token % self.block_size:
             raise ValueError("start_token must be block aligned")
 
-    def take_kv_cache_block_copies(self) -> Tuple[list, List[KVCacheBlock]]:
-        """Always ``([], [])``: full-block hits need no copy-on-write."""
-        return [], []
+    # ----- internals ---------------------------------------------------------
 
-    def take_boundary_state_offloads(self) -> Dict[str, List[Tuple[int, int, int]]]:
-        """Always empty: no Mamba boundary states."""
-        return {}
-
-    def take_events(self) -> list:
-        """Events since the last call, oldest first (empty unless
-        ``enable_kv_cache_events``): ``BlockStored``, ``BlockRemoved``,
-        ``AllBlocksCleared`` — vLLM's own classes when vLLM is installed
-        (so its publisher sends them), else :mod:`mla_cache.kv_events`."""
-        if not self.enable_kv_cache_events:
-            return []
+    def _take_events(self) -> list:
+        """``take_events`` (the native base's) while events are on: the
+        block manager's events as vLLM's own ``BlockStored``,
+        ``BlockRemoved``, ``AllBlocksCleared`` when vLLM is installed (so its
+        publisher sends them), else :mod:`mla_cache.kv_events`."""
         events = kv_events.convert(self._manager.take_events(), self._lora_of)
         return _to_vllm_events(events, self.coordinator.single_type_managers[0].kv_cache_spec)
-
-    # ----- internals ---------------------------------------------------------
 
     def _blocks_to_allocate(self, request_id: str, num_tokens: int, hit: Sequence[Any]) -> int:
         tracked = self._requests.get(request_id)
@@ -852,19 +727,31 @@ class KVCacheManager:
         slots: int,
         keep_free: int,
         full_watermark: Optional[int],
-    ) -> Tuple[Optional[_Tracked], Optional[List[KVCacheBlock]]]:
+    ) -> Tuple[Optional[TrackedRequest], Optional[List[KVCacheBlock]]]:
         """Admits a request with exactly the hit the scheduler accepted and
-        ``slots`` slots; ``(None, None)`` if fewer than ``keep_free`` blocks
-        would stay free (or, with ``full_watermark``, the whole sequence
-        would not fit above it)."""
+        ``slots`` slots; ``(None, None)``, nothing touched, if fewer than
+        ``keep_free`` blocks would stay free (or, with ``full_watermark``,
+        the whole sequence would not fit above it)."""
         bs = self.block_size
         expected = [] if hit_blocks is None else list(hit_blocks.blocks[0])
         if hit % bs or len(expected) * bs != hit:
             raise ValueError(f"a hit of {hit} tokens does not match {len(expected)} blocks")
         # One token past the hit, so the manager reuses exactly the hit.
         head = hit + 1
-        key = next(self._keys)
         n = hit // bs
+        need = -(-max(slots, head) // bs)
+        if need < self.num_blocks:
+            # vLLM's check, before anything changes: the new blocks and the
+            # hit's free ones must leave ``keep_free`` blocks free (a request
+            # larger than the cache goes on to the block manager's error).
+            free_after = self._manager.num_free_blocks - (need - n) - self._num_free_among(expected)
+            short = free_after < keep_free
+            if full_watermark is not None and not short:
+                whole = -(-min(request.num_tokens, self.max_model_len) // bs)
+                short = free_after < max(whole - need, 0) + full_watermark
+            if short:
+                return None, None
+        key = next(self._keys)
         try:
             admission = self._manager.admit(
                 key,
@@ -882,86 +769,21 @@ class KVCacheManager:
         ]:
             self._manager.free(key)
             raise RuntimeError(f"request {request.request_id}: the prefix hit changed since get_computed_blocks")
-        free_after = self._manager.num_free_blocks
-        short = free_after < keep_free
-        if full_watermark is not None and not short:
-            whole = -(-min(request.num_tokens, self.max_model_len) // bs)
-            short = free_after < max(whole - len(table), 0) + full_watermark
-        if short:
-            self._manager.free(key)
-            return None, None
-        blocks = list(expected)
-        tracked = _Tracked(
-            key=key,
-            blocks=blocks,
-            appended=head,
-            cached_blocks=n,
-            next_cache=self._next_cache(n),
-            view=KVCacheBlocks((blocks,)),
-        )
-        self._requests[request.request_id] = tracked
+        tracked = self._track(request.request_id, key, list(expected), head, n)
         return tracked, self._take_new(tracked, table[n:])
-
-    def _take_new(self, tracked: _Tracked, ids: List[int]) -> List[KVCacheBlock]:
-        """Appends freshly allocated blocks (block manager ids) to a table."""
-        objs = self._block_objs
-        new = [objs[b + 1] for b in ids]
-        for b in new:
-            b.block_hash_num_tokens = None
-        tracked.blocks.extend(new)
-        return new
-
-    def _cache(self, request: Any, tracked: _Tracked, num_tokens: int) -> None:
-        """Commits the full blocks among the first ``num_tokens`` tokens that
-        vLLM has hashed, under vLLM's digests (handing the manager their
-        tokens first when events carry them)."""
-        if not self.enable_caching:
-            return
-        bs = self.block_size
-        digests = request.block_hashes
-        # Never past the slots held: tokens only fill room already allocated.
-        full = min(
-            num_tokens - self.num_reprefillable_tokens,
-            len(digests) * self.hash_block_size,
-            len(tracked.blocks) * bs,
-        ) // bs
-        if full <= tracked.cached_blocks:
-            return
-        upto = full * bs
-        if self._pass_tokens and upto > tracked.appended:
-            self._manager.append(tracked.key, request.all_token_ids[tracked.appended : upto])
-            tracked.appended = upto
-        # Without events the commit reaches past the tokens the manager holds.
-        self._manager.commit(tracked.key, upto, block_hashes=digests[tracked.cached_blocks : full])
-        for i in range(tracked.cached_blocks, full):
-            b = tracked.blocks[i]
-            b.block_hash_num_tokens = (i + 1) * bs
-            b.digest = digests[i]
-        tracked.cached_blocks = full
-        tracked.next_cache = self._next_cache(full)
-
-    def _next_cache(self, cached_blocks: int) -> int:
-        """Computed tokens from which a request with ``cached_blocks``
-        committed may commit one more (a full block, and MTP's re-prefill
-        tail past it)."""
-        if not self.enable_caching:
-            return 1 << 62
-        return (cached_blocks + 1) * self.block_size + self.num_reprefillable_tokens
 
     def _release(self, key: int) -> None:
         """Frees a popped allocation (once)."""
-        with self._lock:
-            if key not in self._pending_free:
-                raise ValueError("these blocks were already freed")
-            self._pending_free.discard(key)
-            self._manager.free(key)
+        if key not in self._pending_free:
+            raise ValueError("these blocks were already freed")
+        self._pending_free.discard(key)
+        self._manager.free(key)
 
     def _reset(self) -> bool:
-        with self._lock:
-            done = self._manager.reset_prefix_cache()
-            if done:
-                for b in self._block_objs:
-                    b.block_hash_num_tokens = None
+        done = self._manager.reset_prefix_cache()
+        if done:
+            for b in self._block_objs:
+                b.block_hash_num_tokens = None
         return done
 
     def _lora_keys(self, request: Any) -> Optional[ExtraKeys]:

@@ -537,3 +537,134 @@ def test_caching_waits_for_vllms_block_hashes():
     m.cache_blocks(r, 16)
     assert m.get_computed_blocks(Request("y", list(range(12)) + [50, 51, 52, 53, 9]))[1] == 12
     assert m.estimate_cached_tokens(r) == 12
+
+
+def snapshot(m, req):
+    """What a failed native call must leave as it was."""
+    t = m._requests[req.request_id]
+    return (
+        m.get_block_ids(req.request_id),
+        t.appended,
+        t.cached_blocks,
+        t.next_cache,
+        [b.block_hash for b in t.blocks],
+        m.manager.stats(),
+    )
+
+
+class BadDigests(Request):
+    """A request whose ``block_hashes`` the adapter must refuse."""
+
+    digests: list = []
+
+    @property
+    def block_hashes(self):
+        return self.digests
+
+
+@pytest.mark.parametrize(
+    "digests, error",
+    [([b"short", b"short"], ValueError), (["not bytes", "not bytes"], TypeError), ((b"x" * 32,) * 2, TypeError)],
+)
+def test_bad_digests_raise_in_the_native_hot_path_and_change_nothing(digests, error):
+    m = make()
+    req = BadDigests("a", list(range(6)))
+    # Admitted with no full block hashed, so nothing is committed yet.
+    req.digests = []
+    assert m.allocate_slots(req, 6) is not None
+    req.num_computed_tokens = 6
+    before = snapshot(m, req)
+    req.digests = digests
+    req.all_token_ids += [7, 8]
+    with pytest.raises(error):
+        m.cache_blocks(req, 8)
+    with pytest.raises(error):
+        m.allocate_slots(req, 2)  # the decode step's commit
+    assert snapshot(m, req) == before
+    with pytest.raises(error):
+        m.allocate_slots(req, 2, num_lookahead_tokens=4)  # a step that grows the table
+    assert snapshot(m, req) == before
+    m.manager._check_invariants()
+
+
+def test_native_base_refuses_bad_arguments_and_changes_nothing():
+    m = make()
+    req = Request("a", list(range(9)))
+    schedule_prefill(m, req)
+    before = snapshot(m, req)
+    with pytest.raises(ValueError, match="already tracked"):
+        m._track("a", 99, [], 0, 0)
+    with pytest.raises(ValueError, match="cached blocks"):
+        m._track("b", 99, [], 0, 1)
+    assert "b" not in m._requests
+    with pytest.raises(ValueError, match="outside the cache"):
+        m._take_new(m._requests["a"], [5, 16])
+    with pytest.raises(TypeError):
+        m._take_new(m._requests["a"], ["5"])
+    held = m.get_blocks("a").blocks[0]
+    assert m._num_free_among(held) == 0
+    with pytest.raises(ValueError, match="not a cache block"):
+        m._num_free_among([m.block_pool.null_block])
+    with pytest.raises(TypeError):
+        m.allocate_slots(req, "1")
+    with pytest.raises(TypeError):
+        m.get_computed_blocks(req, max_cache_hit_length="8")
+    with pytest.raises(AttributeError):
+        m.free(object())
+    assert snapshot(m, req) == before
+    # The native per-step calls, as the scheduler makes them.
+    assert m.take_new_block_ids() == [] and m.take_kv_cache_block_copies() == ([], [])
+    assert m.take_boundary_state_offloads() == {} and m.take_events() == []
+    assert m.make_prefix_cache_stats() is None and m.new_step_starts() is None
+
+
+def test_an_unbound_native_base_raises_instead_of_crashing():
+    base = mla_cache._native.VllmManagerBase()
+    with pytest.raises(RuntimeError, match="_bind"):
+        base.get_blocks("a")
+    manager = mla_cache.BlockManager(small_config(8, BS))
+    with pytest.raises(ValueError, match="block_size"):
+        base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=0, max_model_len=64,
+                   num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
+                   log_stats=False, enable_kv_cache_events=False)
+    with pytest.raises(ValueError, match="null block"):
+        base._bind(manager, [None], None, KVCacheBlocks, dict, block_size=BS, max_model_len=64,
+                   num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
+                   log_stats=False, enable_kv_cache_events=False)
+    with pytest.raises(RuntimeError, match="_bind"):
+        base.allocate_slots(Request("a", [1]), 1)
+
+
+def test_get_blocks_is_one_live_view_per_admission():
+    m = make()
+    req = Request("a", list(range(BS)))
+    schedule_prefill(m, req)
+    view = m.get_blocks("a")
+    assert m.get_blocks("a") is view and view.get_block_ids() == ([1],)
+    decode(m, req, 100)  # the second block: the same view shows it
+    assert m.get_blocks("a") is view and view.get_block_ids() == m.get_block_ids("a") == ([1, 2],)
+    m.free(req)
+    assert m.get_blocks("a") is m.empty_kv_cache_blocks
+    req.num_computed_tokens = 0
+    schedule_prefill(m, req)
+    assert m.get_blocks("a") is not view, "a re-admission gets a view of its own"
+    assert view.get_block_ids() == ([1, 2],), "an old view keeps its blocks, as vLLM's does"
+
+
+def test_an_admission_short_of_blocks_through_its_free_hit_touches_nothing():
+    """As vLLM counts them, a hit's free blocks leave the free pool when
+    admitted: a request they make short is refused before anything changes
+    (no admission, no lookup counted, the hit's place in the LRU kept)."""
+    m = make(num_blocks=6)
+    a = Request("a", list(range(12)))
+    schedule_prefill(m, a)
+    m.free(a)  # its 3 full blocks stay cached, free
+    schedule_prefill(m, Request("h", list(range(100, 108))))  # 2 blocks held
+    b = Request("b", list(range(12)) + [50] * 8)  # 5 blocks, a's 3 a hit
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12 and m.manager.num_free_blocks == 4
+    before = m.manager.stats()
+    # 2 new blocks and the 3 free hit blocks: 5 > 4 free.
+    assert m.allocate_slots(b, b.num_tokens - hit, hit, blocks) is None
+    assert m.manager.stats() == before and "b" not in m._requests
+    assert m.get_computed_blocks(b)[1] == 12

@@ -28,28 +28,31 @@ pub(super) fn block_hashes(
         .collect()
 }
 
-/// The longest cached prefix named by the digests of `obj`, a list read
-/// only up to the first miss (a lookup stops there, as vLLM's does): a miss
-/// early in a long list costs no more than in a short one.
+/// The longest cached prefix named by the first `limit` digests of `obj`,
+/// a list read only up to the first miss (a lookup stops there, as vLLM's
+/// does): a miss early in a long list costs no more than in a short one.
 pub(super) fn match_leading(
     manager: &manager::BlockManager,
     obj: &Bound<'_, PyAny>,
+    limit: usize,
 ) -> PyResult<manager::PrefixMatch> {
     let Ok(list) = obj.cast::<PyList>() else {
         let hashes = block_hashes(manager, obj)?;
+        let hashes = hashes.into_iter().take(limit);
         return manager.match_hashes(hashes).map_err(errors::to_py);
     };
     let mut bad = None;
-    let read = list
-        .iter()
-        .enumerate()
-        .map_while(|(i, item)| match one(manager, i, &item) {
-            Ok(h) => Some(h),
-            Err(e) => {
-                bad = Some(e);
-                None
-            }
-        });
+    let read =
+        list.iter()
+            .take(limit)
+            .enumerate()
+            .map_while(|(i, item)| match one(manager, i, &item) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    bad = Some(e);
+                    None
+                }
+            });
     let found = manager.match_hashes(read).map_err(errors::to_py)?;
     match bad {
         Some(e) => Err(e),

@@ -48,6 +48,11 @@ pub struct BlockManager {
 }
 
 impl BlockManager {
+    /// The Rust manager (for the engine adapters' native bases).
+    pub(super) fn core(&self) -> &manager::BlockManager {
+        &self.inner
+    }
+
     /// The request API over this manager.
     fn api(&self) -> RequestApi<'_, manager::BlockManager> {
         RequestApi::new(&self.inner, &self.ids)
@@ -171,7 +176,7 @@ impl BlockManager {
         py: Python<'_>,
         block_hashes: &Bound<'_, PyAny>,
     ) -> PyResult<PrefixMatch> {
-        let found = digests::match_leading(&self.inner, block_hashes)?;
+        let found = digests::match_leading(&self.inner, block_hashes, usize::MAX)?;
         Ok(PrefixMatch::new(py, found))
     }
 

@@ -23,6 +23,7 @@ mod store;
 mod tensors;
 mod tier;
 mod tier_outcomes;
+mod vllm_manager;
 
 use pyo3::prelude::*;
 
@@ -49,6 +50,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
     m.add_class::<publisher::EventPublisher>()?;
+    m.add_class::<vllm_manager::VllmManagerBase>()?;
+    m.add_class::<vllm_manager::Tracked>()?;
     m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;
     m.add(
         "PinBudgetExceeded",

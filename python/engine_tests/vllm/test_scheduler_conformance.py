@@ -386,3 +386,45 @@ def test_same_schedule_when_requests_skip_the_prefix_cache_and_after_a_reset():
     assert_same(stock, adapter)
     hits = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}
     assert hits == {"a": 0, "b": 0, "c": 5 * BS, "d": 0}
+
+
+def test_kv_cache_blocks_handed_out_follow_the_block_list_as_vllms_do():
+    """``get_blocks`` hands out one ``KVCacheBlocks`` per admission, over the
+    request's live block list: as the request grows, is preempted and
+    admitted again, every object handed out earlier shows what vLLM's
+    show (a live one its grown list, a freed admission's its last list)."""
+    specs = shared_prefix_requests(20, seed=2, max_tokens=(20, 60))
+
+    def scenario(d: Driver):
+        km = d.scheduler.kv_cache_manager
+        handed: dict = {}
+        d.views = []
+        by_step = arrivals(specs)
+        for s in range(500):
+            for r in by_step.get(s, ()):
+                d.scheduler.add_request(r)
+            if s > max(by_step) and not d.scheduler.has_unfinished_requests():
+                return
+            out = d.schedule()
+            for rid in out.num_scheduled_tokens:
+                v = km.get_blocks(rid)
+                handed.setdefault(rid, []).append((v, len(v.get_block_ids()[0])))
+            d.update(out)
+            # Per object handed out: its length then and now.
+            d.views.append(
+                sorted((rid, [(then, len(v.get_block_ids()[0])) for v, then in views]) for rid, views in handed.items())
+            )
+        raise AssertionError("requests did not finish")
+
+    stock, adapter = both(
+        lambda a: Driver(make_scheduler(a, num_blocks=40, max_num_batched_tokens=128)), scenario
+    )
+    assert any(r.preempted for r in stock.records), "no re-admission exercised"
+    lens = [pair for step in stock.views for _, pairs in step for pair in pairs]
+    assert any(then < now for then, now in lens), "no request grew after a hand-out"
+    assert any(then > now for then, now in lens) or any(
+        len({now for _, now in pairs}) > 1 for step in stock.views for _, pairs in step
+    ), "no hand-out outlived its admission"
+    assert_same(stock, adapter)
+    for step, (x, y) in enumerate(zip(stock.views, adapter.views)):
+        assert x == y, f"step {step}: stock {x} != adapter {y}"

@@ -1,0 +1,718 @@
+//! `VllmManagerBase`: the native base class of `mla_cache.vllm.KVCacheManager`.
+//! The calls vLLM's scheduler makes every step (a running request's whole
+//! `allocate_slots`: counter check, growth, commit; `get_computed_blocks`,
+//! `get_blocks`, `free`, `cache_blocks`, the per-step hand-offs and stats)
+//! run here without a Python frame of the adapter's; the Python subclass
+//! keeps the rare paths (admission, deferred frees, event conversion) and
+//! calls back into this class for the shared pieces (`_track`, `_take_new`,
+//! `_cache`, `_num_free_among`).
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+
+use super::digests;
+use super::errors;
+use super::int_arrays::{self, tokens};
+use super::manager::BlockManager;
+use crate::{manager, BlockHash, BlockId, Error, RequestId, TokenId};
+
+/// What the adapter keeps of an admitted request (its entry in
+/// ``KVCacheManager._requests``).
+#[pyclass(module = "mla_cache._native", name = "TrackedRequest")]
+pub struct Tracked {
+    /// The request's id in the block manager (fresh per admission, so a
+    /// re-admitted request never meets its own deferred free).
+    #[pyo3(get)]
+    key: RequestId,
+    /// Its block table (vLLM's block objects; the list ``get_blocks`` hands
+    /// out inside ``view``).
+    #[pyo3(get)]
+    blocks: Py<PyList>,
+    /// Tokens given to the block manager.
+    #[pyo3(get, set)]
+    appended: usize,
+    /// Full blocks committed (shareable).
+    #[pyo3(get)]
+    cached_blocks: usize,
+    /// Computed tokens from which one more block may be committed.
+    #[pyo3(get)]
+    next_cache: usize,
+    /// The ``KVCacheBlocks`` over ``blocks`` (live), handed out by ``get_blocks``.
+    #[pyo3(get)]
+    view: Py<PyAny>,
+}
+
+/// A commit `State::plan_commit` checked: the full blocks to reach, their
+/// block hashes, vLLM's digests, and the tokens to hand over first (events).
+struct Commit<'py> {
+    full: usize,
+    hashes: Vec<BlockHash>,
+    digests: Bound<'py, PyList>,
+    tokens: Option<Vec<TokenId>>,
+}
+
+/// What `_bind` sets: the manager, vLLM's objects and the adapter's settings.
+struct State {
+    manager: Py<BlockManager>,
+    block_objs: Py<PyList>,
+    empty: Py<PyAny>,
+    blocks_class: Py<PyAny>,
+    stats_class: Py<PyAny>,
+    requests: Py<PyDict>,
+    block_size: usize,
+    max_model_len: usize,
+    reprefillable: usize,
+    caching: bool,
+    pass_tokens: bool,
+    use_eagle: bool,
+    log_stats: bool,
+    events: bool,
+}
+
+impl State {
+    /// The Rust block manager.
+    fn core(&self) -> &manager::BlockManager {
+        self.manager.get().core()
+    }
+
+    /// Computed tokens from which a request with `cached_blocks` committed
+    /// may commit one more (a full block, and MTP's re-prefill tail past it).
+    fn next_cache(&self, cached_blocks: usize) -> usize {
+        if !self.caching {
+            return 1 << 62;
+        }
+        (cached_blocks + 1) * self.block_size + self.reprefillable
+    }
+
+    /// The tracked entry of `request_id`, if admitted.
+    fn tracked<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, Tracked>>> {
+        let py = request_id.py();
+        match self.requests.bind(py).get_item(request_id)? {
+            Some(t) => Ok(Some(t.cast_into::<Tracked>()?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Commits the full blocks among the first `num_tokens` tokens that vLLM
+    /// has hashed, under vLLM's digests (handing the manager their tokens
+    /// first when events carry them), and marks their block objects cached.
+    fn cache(
+        &self,
+        request: &Bound<'_, PyAny>,
+        tracked: &Bound<'_, Tracked>,
+        num_tokens: i64,
+    ) -> PyResult<()> {
+        let held = tracked.try_borrow()?.blocks.bind(request.py()).len();
+        match self.plan_commit(request, tracked, num_tokens, held)? {
+            Some(commit) => self.apply_commit(tracked, commit),
+            None => Ok(()),
+        }
+    }
+
+    /// What `cache` would commit once the request holds `held` blocks,
+    /// read and checked (digests, tokens) without changing anything; `None`
+    /// when no block more is full and hashed.
+    fn plan_commit<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        tracked: &Bound<'py, Tracked>,
+        num_tokens: i64,
+        held: usize,
+    ) -> PyResult<Option<Commit<'py>>> {
+        if !self.caching {
+            return Ok(None);
+        }
+        let py = request.py();
+        let bs = self.block_size;
+        let digests = request.getattr(intern!(py, "block_hashes"))?;
+        let digests = digests
+            .cast_into::<PyList>()
+            .map_err(|_| PyTypeError::new_err("request.block_hashes must be a list of bytes"))?;
+        let (cached, appended) = {
+            let t = tracked.try_borrow()?;
+            (t.cached_blocks, t.appended)
+        };
+        // Never past the slots held: tokens only fill room already allocated.
+        let upto_tokens = usize::try_from(num_tokens - self.reprefillable as i64).unwrap_or(0);
+        let full = upto_tokens.min(digests.len() * bs).min(held * bs) / bs;
+        if full <= cached {
+            return Ok(None);
+        }
+        let hashes = digests::block_hashes(self.core(), digests.get_slice(cached, full).as_any())?;
+        let upto = full * bs;
+        let tokens = if self.pass_tokens && upto > appended {
+            let all = request.getattr(intern!(py, "all_token_ids"))?;
+            let slice = PySlice::new(py, appended as isize, upto as isize, 1);
+            Some(tokens(&all.get_item(slice)?)?)
+        } else {
+            None
+        };
+        Ok(Some(Commit {
+            full,
+            hashes,
+            digests,
+            tokens,
+        }))
+    }
+
+    /// Carries out a planned commit.
+    fn apply_commit(&self, tracked: &Bound<'_, Tracked>, commit: Commit<'_>) -> PyResult<()> {
+        let py = tracked.py();
+        let bs = self.block_size;
+        let core = self.core();
+        let mut t = tracked.try_borrow_mut()?;
+        let upto = commit.full * bs;
+        // A growth by append since the plan already handed the tokens over.
+        if let (Some(new), true) = (&commit.tokens, t.appended < upto) {
+            core.append(t.key, new).map_err(errors::to_py)?;
+            t.appended = upto;
+        }
+        // Without events the commit reaches past the tokens the manager holds.
+        core.commit_hashed(t.key, upto, &commit.hashes)
+            .map_err(errors::to_py)?;
+        let blocks = t.blocks.bind(py);
+        for i in t.cached_blocks..commit.full {
+            let b = blocks.get_item(i)?;
+            b.setattr(intern!(py, "block_hash_num_tokens"), (i + 1) * bs)?;
+            b.setattr(intern!(py, "digest"), commit.digests.get_item(i)?)?;
+        }
+        t.cached_blocks = commit.full;
+        t.next_cache = self.next_cache(commit.full);
+        Ok(())
+    }
+
+    /// Appends freshly allocated blocks (block manager ids) to a tracked
+    /// request's table; returns their block objects, marked uncached.
+    fn take_new<'py>(
+        &self,
+        tracked: &Bound<'py, Tracked>,
+        ids: &[BlockId],
+    ) -> PyResult<Bound<'py, PyList>> {
+        let py = tracked.py();
+        let objs = self.block_objs.bind(py);
+        if let Some(bad) = ids.iter().find(|&&b| b as usize + 1 >= objs.len()) {
+            return Err(PyValueError::new_err(format!(
+                "block id {bad} is outside the cache ({} blocks)",
+                objs.len() - 1
+            )));
+        }
+        let new = PyList::empty(py);
+        for &b in ids {
+            let obj = objs.get_item(b as usize + 1)?;
+            obj.setattr(intern!(py, "block_hash_num_tokens"), py.None())?;
+            new.append(obj)?;
+        }
+        let t = tracked.try_borrow()?;
+        let table = t.blocks.bind(py);
+        for obj in new.iter() {
+            table.append(obj)?;
+        }
+        Ok(new)
+    }
+
+    /// A running request's step (``allocate_slots`` without a new prefix
+    /// hit): grows its table to the step's slots when they need blocks
+    /// (``None`` when fewer than ``need + reserved`` blocks are free, nothing
+    /// changed), then commits the step's hashed full blocks unless
+    /// ``delay``. Until a block fills, a counter check.
+    #[allow(clippy::too_many_arguments)]
+    fn step<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        tracked: &Bound<'py, Tracked>,
+        num_new_tokens: i64,
+        num_lookahead_tokens: i64,
+        num_external_computed_tokens: i64,
+        delay: bool,
+        reserved_blocks: i64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = request.py();
+        let bs = self.block_size as i64;
+        let max_len = self.max_model_len as i64;
+        let computed: i64 = request
+            .getattr(intern!(py, "num_computed_tokens"))?
+            .extract()?;
+        let total_computed = (computed + num_external_computed_tokens).min(max_len);
+        let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
+        let (held, key, next_cache) = {
+            let t = tracked.try_borrow()?;
+            (t.blocks.bind(py).len() as i64, t.key, t.next_cache)
+        };
+        let need = (slots + bs - 1).div_euclid(bs) - held;
+        // The commit is planned (digests and tokens checked) before the
+        // table grows, so bad input changes nothing.
+        let upto = total_computed + num_new_tokens;
+        let commit = if !delay && upto >= next_cache as i64 {
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            let held_after = (held + need.max(0)) as usize;
+            self.plan_commit(request, tracked, upto.min(total), held_after)?
+        } else {
+            None
+        };
+        let mut new = None;
+        if need > 0 {
+            let core = self.core();
+            if core.num_free_blocks() as i64 - reserved_blocks < need {
+                return Ok(None);
+            }
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            let grown = if self.pass_tokens && slots <= total {
+                // Every slot holds a known token (a prefill chunk) that
+                // events will carry: one call hands them over and takes the
+                // blocks.
+                let appended = tracked.try_borrow()?.appended;
+                let all = request.getattr(intern!(py, "all_token_ids"))?;
+                let chunk = tokens(&all.get_item(PySlice::new(
+                    py,
+                    appended as isize,
+                    slots as isize,
+                    1,
+                ))?)?;
+                let grown = core.append(key, &chunk);
+                if grown.is_ok() {
+                    tracked.try_borrow_mut()?.appended = slots as usize;
+                }
+                grown
+            } else {
+                core.reserve(key, slots as usize)
+            };
+            match grown {
+                Ok(g) => new = Some(self.take_new(tracked, &g.new_block_ids)?),
+                Err(Error::OutOfBlocks { .. }) => return Ok(None),
+                Err(e) => return Err(errors::to_py(e)),
+            }
+        }
+        if let Some(commit) = commit {
+            self.apply_commit(tracked, commit)?;
+        }
+        match new {
+            Some(blocks) if !blocks.is_empty() => {
+                Ok(Some(self.blocks_class.bind(py).call1(((blocks,),))?))
+            }
+            _ => Ok(Some(self.empty.bind(py).clone())),
+        }
+    }
+
+    /// Whether a prefix lookup runs for the request.
+    fn lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if !self.caching {
+            return Ok(false);
+        }
+        match request.getattr_opt(intern!(request.py(), "skip_reading_prefix_cache"))? {
+            Some(skip) => Ok(!skip.is_truthy()?),
+            None => Ok(true),
+        }
+    }
+}
+
+/// The hot path of ``mla_cache.vllm.KVCacheManager`` (its base class; use
+/// that class). Called from the scheduler's thread, as vLLM's own manager is.
+#[pyclass(subclass, module = "mla_cache._native")]
+pub struct VllmManagerBase {
+    state: Option<State>,
+}
+
+impl VllmManagerBase {
+    fn state(&self) -> PyResult<&State> {
+        self.state
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("VllmManagerBase._bind was not called"))
+    }
+}
+
+#[pymethods]
+impl VllmManagerBase {
+    /// Takes (and ignores) the subclass's constructor arguments; the
+    /// subclass's ``__init__`` calls ``_bind``.
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self { state: None }
+    }
+
+    /// Binds the block manager and vLLM's objects: ``block_objs`` (one block
+    /// object per vLLM block id, the null block 0 first), the shared empty
+    /// ``KVCacheBlocks``, the ``KVCacheBlocks`` and prefix-cache stats
+    /// classes. ``ValueError`` (nothing bound) for a zero block size or fewer
+    /// than two blocks.
+    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events))]
+    #[allow(clippy::too_many_arguments)]
+    fn _bind(
+        &mut self,
+        py: Python<'_>,
+        manager: Py<BlockManager>,
+        block_objs: Py<PyList>,
+        empty: Py<PyAny>,
+        blocks_class: Py<PyAny>,
+        stats_class: Py<PyAny>,
+        block_size: usize,
+        max_model_len: usize,
+        num_reprefillable_tokens: usize,
+        enable_caching: bool,
+        use_eagle: bool,
+        log_stats: bool,
+        enable_kv_cache_events: bool,
+    ) -> PyResult<()> {
+        if block_size == 0 {
+            return Err(PyValueError::new_err("block_size must be positive"));
+        }
+        if block_objs.bind(py).len() < 2 {
+            return Err(PyValueError::new_err(
+                "block_objs must hold the null block and at least one more",
+            ));
+        }
+        self.state = Some(State {
+            manager,
+            block_objs,
+            empty,
+            blocks_class,
+            stats_class,
+            requests: PyDict::new(py).unbind(),
+            block_size,
+            max_model_len,
+            reprefillable: num_reprefillable_tokens,
+            caching: enable_caching,
+            pass_tokens: enable_caching && enable_kv_cache_events,
+            use_eagle,
+            log_stats,
+            events: enable_kv_cache_events,
+        });
+        Ok(())
+    }
+
+    /// Admitted requests by vLLM request id.
+    #[getter]
+    fn _requests(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        Ok(self.state()?.requests.clone_ref(py))
+    }
+
+    /// The result with no blocks (shared, immutable).
+    #[getter]
+    fn empty_kv_cache_blocks(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.state()?.empty.clone_ref(py))
+    }
+
+    /// Fraction of blocks in use, ``0.0 ..= 1.0`` (null block left out).
+    #[getter]
+    fn usage(&self) -> PyResult<f64> {
+        Ok(self.state()?.core().usage())
+    }
+
+    /// Starts tracking an admitted request: ``blocks`` (its block objects,
+    /// ``cached_blocks`` of them committed), ``appended`` tokens given to the
+    /// block manager under ``key``; its ``view`` is a ``KVCacheBlocks`` over
+    /// ``blocks``. ``ValueError`` (nothing tracked) for a request already
+    /// tracked or more cached blocks than blocks.
+    fn _track(
+        &self,
+        request_id: &Bound<'_, PyAny>,
+        key: RequestId,
+        blocks: Bound<'_, PyList>,
+        appended: usize,
+        cached_blocks: usize,
+    ) -> PyResult<Py<Tracked>> {
+        let py = request_id.py();
+        let st = self.state()?;
+        let requests = st.requests.bind(py);
+        if requests.contains(request_id)? {
+            return Err(PyValueError::new_err(format!(
+                "request {request_id} is already tracked"
+            )));
+        }
+        if cached_blocks > blocks.len() {
+            return Err(PyValueError::new_err(format!(
+                "{cached_blocks} cached blocks of {} blocks",
+                blocks.len()
+            )));
+        }
+        let view = st.blocks_class.bind(py).call1(((&blocks,),))?.unbind();
+        let tracked = Py::new(
+            py,
+            Tracked {
+                key,
+                blocks: blocks.unbind(),
+                appended,
+                cached_blocks,
+                next_cache: st.next_cache(cached_blocks),
+                view,
+            },
+        )?;
+        requests.set_item(request_id, &tracked)?;
+        Ok(tracked)
+    }
+
+    /// Appends freshly allocated blocks (``block_ids``: block manager ids, a
+    /// list or an int array) to a tracked request's table and returns their
+    /// block objects, marked uncached. ``ValueError`` (nothing changes) for
+    /// an id outside the cache.
+    fn _take_new<'py>(
+        &self,
+        tracked: &Bound<'py, Tracked>,
+        block_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let ids = int_arrays::block_ids(block_ids)?;
+        self.state()?.take_new(tracked, &ids)
+    }
+
+    /// How many of ``blocks`` (vLLM block objects, a prefix hit) no request
+    /// holds: the hit blocks an admission takes from the free blocks, as
+    /// vLLM counts them. ``ValueError`` for the null block or an id outside
+    /// the cache.
+    fn _num_free_among(&self, blocks: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let py = blocks.py();
+        let st = self.state()?;
+        let core = st.core();
+        let mut free = 0;
+        for obj in blocks.try_iter()? {
+            let id: usize = obj?.getattr(intern!(py, "block_id"))?.extract()?;
+            let block = id
+                .checked_sub(1)
+                .and_then(|b| u32::try_from(b).ok())
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!("block id {id} is not a cache block"))
+                })?;
+            if core.ref_count(block).map_err(errors::to_py)? == 0 {
+                free += 1;
+            }
+        }
+        Ok(free)
+    }
+
+    /// Makes the full blocks among the request's first ``num_tokens`` tokens
+    /// that vLLM has hashed shareable (``tracked`` is its entry).
+    fn _cache(
+        &self,
+        request: &Bound<'_, PyAny>,
+        tracked: &Bound<'_, Tracked>,
+        num_tokens: i64,
+    ) -> PyResult<()> {
+        self.state()?.cache(request, tracked, num_tokens)
+    }
+
+    /// Allocates slots for ``num_new_tokens`` tokens to compute (and
+    /// ``num_lookahead_tokens`` speculative ones), as vLLM's manager does.
+    /// A running request's step runs here: its table grows to the step's
+    /// slots when they need blocks (``None`` when they do not fit in the
+    /// free blocks less ``reserved_blocks``, nothing changed), the step's
+    /// hashed full blocks are committed unless ``delay_cache_blocks``, and
+    /// the new blocks (or the shared empty result) come back. Admissions and
+    /// bad arguments go to ``KVCacheManager._allocate_slots``.
+    #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = 0, num_external_computed_tokens = 0, delay_cache_blocks = false, num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0, has_scheduled_reqs = true, skip_zeroing_group_ids = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots<'py>(
+        slf: &Bound<'py, Self>,
+        request: &Bound<'py, PyAny>,
+        num_new_tokens: i64,
+        num_new_computed_tokens: i64,
+        new_computed_blocks: Option<Bound<'py, PyAny>>,
+        num_lookahead_tokens: i64,
+        num_external_computed_tokens: i64,
+        delay_cache_blocks: bool,
+        num_encoder_tokens: i64,
+        full_sequence_must_fit: bool,
+        reserved_blocks: i64,
+        has_scheduled_reqs: bool,
+        skip_zeroing_group_ids: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        if num_encoder_tokens == 0
+            && num_new_computed_tokens == 0
+            && (num_new_tokens != 0 || num_external_computed_tokens != 0)
+        {
+            let this = slf.try_borrow()?;
+            let st = this.state()?;
+            let request_id = request.getattr(intern!(py, "request_id"))?;
+            if let Some(tracked) = st.tracked(&request_id)? {
+                let out = st.step(
+                    request,
+                    &tracked,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    num_external_computed_tokens,
+                    delay_cache_blocks,
+                    reserved_blocks,
+                )?;
+                return Ok(out.unwrap_or_else(|| py.None().into_bound(py)));
+            }
+        }
+        let skip_zeroing = match skip_zeroing_group_ids {
+            Some(ids) => ids,
+            None => PyTuple::empty(py).into_any(),
+        };
+        let args = (
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            num_encoder_tokens,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+            skip_zeroing,
+        );
+        slf.call_method1(intern!(py, "_allocate_slots"), args)
+    }
+
+    /// Makes the request's full blocks among its first
+    /// ``num_computed_tokens`` tokens shareable (those vLLM has hashed),
+    /// whether or not the tokens came through ``allocate_slots``.
+    fn cache_blocks(&self, request: &Bound<'_, PyAny>, num_computed_tokens: i64) -> PyResult<()> {
+        let st = self.state()?;
+        if !st.caching {
+            return Ok(());
+        }
+        let request_id = request.getattr(intern!(request.py(), "request_id"))?;
+        match st.tracked(&request_id)? {
+            Some(tracked) => st.cache(request, &tracked, num_computed_tokens),
+            None => Ok(()),
+        }
+    }
+
+    /// Frees the request's blocks at once, tail first (full blocks stay
+    /// cached until evicted). A request holding no blocks is ignored.
+    fn free(&self, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let st = self.state()?;
+        let request_id = request.getattr(intern!(request.py(), "request_id"))?;
+        if let Some(tracked) = st.tracked(&request_id)? {
+            let key = tracked.try_borrow()?.key;
+            st.core().free(key).map_err(errors::to_py)?;
+            st.requests.bind(request.py()).del_item(&request_id)?;
+        }
+        Ok(())
+    }
+
+    /// The request's blocks (the live table; empty for an unknown one).
+    fn get_blocks(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let st = self.state()?;
+        if let Some(tracked) = st.tracked(request_id)? {
+            let t = tracked.try_borrow()?;
+            if !t.blocks.bind(py).is_empty() {
+                return Ok(t.view.clone_ref(py));
+            }
+        }
+        Ok(st.empty.clone_ref(py))
+    }
+
+    /// The request's block ids, per group (one).
+    fn get_block_ids<'py>(&self, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = request_id.py();
+        let ids = PyList::empty(py);
+        if let Some(tracked) = self.state()?.tracked(request_id)? {
+            for b in tracked.try_borrow()?.blocks.bind(py).iter() {
+                ids.append(b.getattr(intern!(py, "block_id"))?)?;
+            }
+        }
+        PyTuple::new(py, [ids])
+    }
+
+    /// Whether a prefix lookup runs for the request: caching is on and the
+    /// request does not set ``skip_reading_prefix_cache``.
+    fn prefix_cache_lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        self.state()?.lookup_enabled(request)
+    }
+
+    /// The cached full blocks of the request's longest cached prefix, at
+    /// most ``max_cache_hit_length`` tokens (default ``num_tokens - 1``: the
+    /// last token is recomputed for its logits); with ``use_eagle`` the last
+    /// hit block is dropped. ``(blocks, num_computed_tokens, 0)``; no
+    /// references are taken. Looked up by vLLM's digests
+    /// (``request.block_hashes``), read only up to the first miss. The third
+    /// value is vLLM's shared-prefix boundary of sparse groups, always 0 here.
+    #[pyo3(signature = (request, max_cache_hit_length = None))]
+    fn get_computed_blocks<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+        max_cache_hit_length: Option<i64>,
+    ) -> PyResult<(Bound<'py, PyAny>, usize, usize)> {
+        let py = request.py();
+        let st = self.state()?;
+        let empty = st.empty.bind(py).clone();
+        if !st.lookup_enabled(request)? {
+            return Ok((empty, 0, 0));
+        }
+        let mut limit: i64 = request
+            .getattr(intern!(py, "num_tokens"))?
+            .extract::<i64>()?
+            - 1;
+        if let Some(max) = max_cache_hit_length {
+            limit = limit.min(max);
+        }
+        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        let bs = st.block_size;
+        let n = usize::try_from(limit).unwrap_or(0) / bs;
+        if n == 0 || hashes.len()? == 0 {
+            return Ok((empty, 0, 0));
+        }
+        let found = digests::match_leading(st.core(), &hashes, n)?;
+        let mut n = found.num_tokens / bs;
+        if st.use_eagle && n > 0 {
+            n -= 1;
+        }
+        if n == 0 {
+            return Ok((empty, 0, 0));
+        }
+        let objs = st.block_objs.bind(py);
+        let hit = PyList::empty(py);
+        for &b in &found.block_ids[..n] {
+            hit.append(objs.get_item(b as usize + 1)?)?;
+        }
+        let blocks = st.blocks_class.bind(py).call1(((hit,),))?;
+        Ok((blocks, n * bs, 0))
+    }
+
+    /// Nothing to do at a step's start.
+    fn new_step_starts(&self) {}
+
+    /// Always empty: MLA's uniform-precision cache needs no zeroing.
+    fn take_new_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyList> {
+        PyList::empty(py)
+    }
+
+    /// Always ``([], [])``: full-block hits need no copy-on-write.
+    fn take_kv_cache_block_copies<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (Bound<'py, PyList>, Bound<'py, PyList>) {
+        (PyList::empty(py), PyList::empty(py))
+    }
+
+    /// Always empty: no Mamba boundary states.
+    fn take_boundary_state_offloads<'py>(&self, py: Python<'py>) -> Bound<'py, PyDict> {
+        PyDict::new(py)
+    }
+
+    /// Events since the last call, oldest first (empty unless
+    /// ``enable_kv_cache_events``; then ``KVCacheManager._take_events``).
+    fn take_events<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        if !slf.try_borrow()?.state()?.events {
+            return Ok(PyList::empty(slf.py()).into_any());
+        }
+        slf.call_method0(intern!(slf.py(), "_take_events"))
+    }
+
+    /// The prefix-cache stats since the last call (``prefix_cache_stats``),
+    /// starting a new period; ``None`` without ``log_stats``.
+    fn make_prefix_cache_stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        let fresh = {
+            let this = slf.try_borrow()?;
+            let st = this.state()?;
+            if !st.log_stats {
+                return Ok(None);
+            }
+            st.stats_class.bind(py).call0()?
+        };
+        let name = intern!(py, "prefix_cache_stats");
+        let stats = slf.getattr(name)?;
+        slf.setattr(name, fresh)?;
+        Ok(Some(stats))
+    }
+}
