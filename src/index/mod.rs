@@ -231,7 +231,9 @@ impl IndexWriter<'_> {
             removed.is_some_and(|(h, _)| h == high),
             "{hash:?} is indexed"
         );
-        shard.tokens.remove(&key);
+        if !shard.tokens.is_empty() {
+            shard.tokens.remove(&key);
+        }
     }
 }
 
