@@ -150,6 +150,16 @@ impl Chain {
         }
     }
 
+    /// A copy of the first `n` hashes (the whole chain, digest kept, when
+    /// `n` reaches its end): what [`Chain::truncate`] of a clone leaves,
+    /// without copying the rest.
+    pub(crate) fn prefix(&self, n: usize) -> Self {
+        if n >= self.hashes.len() {
+            return self.clone();
+        }
+        Self::from_hashes(self.hashes[..n].to_vec())
+    }
+
     /// Keeps the first `n` hashes.
     pub(crate) fn truncate(&mut self, n: usize) {
         if n < self.hashes.len() {
@@ -412,9 +422,20 @@ mod tests {
             h.extend_chain(&tokens, &digest, usize::MAX, &mut grown, &mut Vec::new());
             assert_eq!(grown.hashes, whole, "{kind}");
             // Cut back, the chain regrows to the same hashes without its last digest.
+            let mut cut = grown.prefix(3);
+            assert_eq!(
+                cut.hashes,
+                whole[..3],
+                "{kind}: a prefix copies the first hashes"
+            );
             grown.truncate(3);
             h.extend_chain(&tokens, &digest, usize::MAX, &mut grown, &mut Vec::new());
             assert_eq!(grown.hashes, whole, "{kind} after truncate");
+            h.extend_chain(&tokens, &digest, usize::MAX, &mut cut, &mut Vec::new());
+            assert_eq!(
+                cut.hashes, whole,
+                "{kind}: a prefix regrows as a truncated chain does"
+            );
         }
     }
 

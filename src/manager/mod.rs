@@ -27,6 +27,7 @@ mod invariants;
 mod outcomes;
 mod pool;
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -80,7 +81,7 @@ struct Request {
 }
 
 /// A checked prompt with what admitting it needs ([`BlockManager::prepare`]).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Prompt {
     keys: Arc<KeyDigest>,
     /// Hashes of its full blocks.
@@ -156,7 +157,20 @@ impl BlockManager {
         opts: &AdmitOptions,
     ) -> Result<Admission> {
         let prompt = self.prepare(tokens, opts)?;
-        self.admit_prepared(id, tokens, opts, &prompt)
+        self.admit_checked(id, Cow::Borrowed(tokens), opts, Cow::Owned(prompt))
+    }
+
+    /// [`BlockManager::admit`] of a prompt the caller owns: its tokens move
+    /// into the request instead of being copied (the bindings' path).
+    #[cfg(feature = "python")]
+    pub(crate) fn admit_vec(
+        &self,
+        id: RequestId,
+        tokens: Vec<TokenId>,
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        let prompt = self.prepare(&tokens, opts)?;
+        self.admit_checked(id, Cow::Owned(tokens), opts, Cow::Owned(prompt))
     }
 
     /// [`BlockManager::admit`] keyed by the caller's block hashes: `hashes`
@@ -192,7 +206,7 @@ impl BlockManager {
         }
         let mut prompt = self.prepare_keyed(tokens, opts, Some(hashes))?;
         prompt.caller_hashed = true;
-        self.admit_prepared(id, tokens, opts, &prompt)
+        self.admit_checked(id, Cow::Borrowed(tokens), opts, Cow::Owned(prompt))
     }
 
     /// The manager's name for one block digest of the engine's hasher
@@ -294,56 +308,76 @@ impl BlockManager {
         opts: &AdmitOptions,
         prompt: &Prompt,
     ) -> Result<Admission> {
+        self.admit_checked(id, Cow::Borrowed(tokens), opts, Cow::Borrowed(prompt))
+    }
+
+    /// The admission itself: an owned prompt's chain and tokens move into
+    /// the request, a borrowed one's are copied (the chain only as far as
+    /// it is kept).
+    fn admit_checked(
+        &self,
+        id: RequestId,
+        tokens: Cow<'_, [TokenId]>,
+        opts: &AdmitOptions,
+        prompt: Cow<'_, Prompt>,
+    ) -> Result<Admission> {
         let (hashes, needed, bs) = (&prompt.chain.hashes, prompt.needed, self.config.block_size);
+        let len = tokens.len();
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.requests.contains_key(&id) {
             return Err(Error::DuplicateRequest(id));
         }
-        let (hits, check) = self.check_admit(st, tokens, prompt);
+        // The hits start the block table.
+        let (mut blocks, check) = self.check_admit(st, &tokens, &prompt);
         if !check.fits() {
             return Err(Error::OutOfBlocks {
                 needed: check.new_blocks,
                 available: check.available_blocks,
             });
         }
-        let fresh = check.new_blocks;
+        let (fresh, num_hits) = (check.new_blocks, blocks.len());
 
-        let retention = st.cache.policy.on_request(hashes, hits.len());
-        let mut blocks = Vec::with_capacity(needed);
-        for &b in &hits {
+        let retention = st.cache.policy.on_request(hashes, num_hits);
+        for &b in &blocks {
             st.pool.acquire(&mut st.cache, b);
             st.cache.policy.on_hit(b);
-            blocks.push(b);
         }
+        blocks.reserve_exact(needed - num_hits);
         st.pool
             .allocate_many(&self.prefixes, &mut st.cache, fresh, &mut blocks);
-        let cached = hits.len() * bs;
+        let cached = num_hits * bs;
         let stats = &mut st.cache.stats;
-        stats.prefix_query_tokens += tokens.len() as u64;
+        stats.prefix_query_tokens += len as u64;
         stats.prefix_hit_tokens += cached as u64;
         stats.prefix_query_requests += 1;
         stats.prefix_hit_requests += u64::from(cached > 0);
         stats.num_requests += 1;
 
-        let num_computed = if opts.chunked_prefill {
-            cached
-        } else {
-            tokens.len()
-        };
+        let num_computed = if opts.chunked_prefill { cached } else { len };
         // The precomputed chain is kept only up to what is hashed and indexed below.
-        let mut chain = prompt.chain.clone();
-        chain.truncate(num_computed / bs);
+        let (kept, keys, caller_hashed) = (
+            num_computed / bs,
+            Arc::clone(&prompt.keys),
+            prompt.caller_hashed,
+        );
+        let chain = match prompt {
+            Cow::Owned(mut p) => {
+                p.chain.truncate(kept);
+                p.chain
+            }
+            Cow::Borrowed(p) => p.chain.prefix(kept),
+        };
         let mut request = Request {
-            tokens: tokens.to_vec(),
-            len: tokens.len(),
+            tokens: tokens.into_owned(),
+            len,
             blocks,
             chain,
             num_computed,
             chunked: opts.chunked_prefill,
             retention,
-            keys: Arc::clone(&prompt.keys),
-            caller_hashed: prompt.caller_hashed,
+            keys,
+            caller_hashed,
         };
         self.index_blocks(&mut st.cache, &mut request, 0);
         let admission = Admission {
@@ -403,7 +437,7 @@ impl BlockManager {
         self.check_caller_hashes()?;
         let block_ids = if self.config.enable_prefix_caching {
             let keys = hashes.into_iter().map(|h| (h, None));
-            self.prefixes.index.leading_run(keys)
+            self.prefixes.index.leading_run(keys, &[])
         } else {
             Vec::new()
         };

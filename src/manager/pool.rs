@@ -13,7 +13,6 @@ use crate::alloc::filled;
 use crate::error::Result;
 use crate::id_list::IdList;
 use crate::ids::BlockId;
-use crate::index::IndexWriter;
 
 /// Per block, what the pool keeps.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,12 +60,15 @@ impl Pool {
     /// the policy's victim, whose hash leaves the index. The caller checked
     /// that a free block exists.
     pub(super) fn allocate(&mut self, prefixes: &Prefixes, cache: &mut CacheState) -> BlockId {
-        self.take(prefixes, cache, &mut prefixes.index.writer())
+        let mut out = Vec::with_capacity(1);
+        self.allocate_many(prefixes, cache, 1, &mut out);
+        out[0]
     }
 
     /// Takes `n` free blocks as [`Pool::allocate`] does, appending them to
-    /// `out`; the victims' hashes leave the index in one batch. The caller
-    /// checked that `n` free blocks exist.
+    /// `out`: never-hashed ones first, then the policy's victims, whose
+    /// hashes leave the index in one batch. The caller checked that `n`
+    /// free blocks exist.
     pub(super) fn allocate_many(
         &mut self,
         prefixes: &Prefixes,
@@ -75,30 +77,26 @@ impl Pool {
         out: &mut Vec<BlockId>,
     ) {
         out.reserve(n);
-        let mut index = prefixes.index.writer();
-        for _ in 0..n {
-            out.push(self.take(prefixes, cache, &mut index));
+        let start = out.len();
+        while out.len() - start < n {
+            let Some(b) = self.unhashed.pop_front() else {
+                break;
+            };
+            out.push(b);
         }
-    }
-
-    fn take(
-        &mut self,
-        prefixes: &Prefixes,
-        cache: &mut CacheState,
-        index: &mut IndexWriter<'_>,
-    ) -> BlockId {
-        let b = match self.unhashed.pop_front() {
-            Some(b) => b,
-            None => prefixes
-                .evict_victim(cache, index)
-                .expect("caller checked free blocks"),
-        };
-        cache.lock(b);
-        self.blocks[b as usize] = PoolBlock {
-            ref_count: 1,
-            dropped: false,
-        };
-        b
+        let rest = n - (out.len() - start);
+        if rest > 0 {
+            let mut index = prefixes.index.writer();
+            let evicted = prefixes.evict_victims(cache, &mut index, rest, out);
+            assert_eq!(evicted, rest, "caller checked free blocks");
+        }
+        for &b in &out[start..] {
+            cache.lock(b);
+            self.blocks[b as usize] = PoolBlock {
+                ref_count: 1,
+                dropped: false,
+            };
+        }
     }
 
     /// Takes a reference to `b`, reviving it from the evictable set if free.
@@ -122,16 +120,12 @@ impl Pool {
     /// Evicts up to `n` of the policy's victims, as allocation chooses them,
     /// onto the never-hashed list. Returns how many were evicted.
     pub(super) fn evict(&mut self, prefixes: &Prefixes, cache: &mut CacheState, n: usize) -> usize {
-        let mut evicted = 0;
-        let mut index = prefixes.index.writer();
-        while evicted < n {
-            let Some(b) = prefixes.evict_victim(cache, &mut index) else {
-                break;
-            };
+        let mut victims = Vec::with_capacity(n.min(cache.policy.len()));
+        prefixes.evict_victims(cache, &mut prefixes.index.writer(), n, &mut victims);
+        for &b in &victims {
             self.unhashed.push_back(b);
-            evicted += 1;
         }
-        evicted
+        victims.len()
     }
 
     /// Drops `b` from the prefix index (the caller checked it may be): a

@@ -71,6 +71,8 @@ pub(crate) struct CacheState {
     pub(crate) evicted: Option<Vec<(BlockHash, BlockId)>>,
     /// Scratch space of the hasher.
     pub(crate) buf: Vec<u8>,
+    /// Scratch space of `evict_victims`: (block, hash, shard) per victim.
+    pub(crate) victims: Vec<(BlockId, BlockHash, u8)>,
 }
 
 impl Prefixes {
@@ -131,7 +133,7 @@ impl Prefixes {
     ) -> Vec<BlockId> {
         let keys = hashes.iter().take(limit).enumerate();
         self.index
-            .leading_run(keys.map(|(i, h)| (*h, self.verify(tokens, i))))
+            .leading_run(keys.map(|(i, h)| (*h, self.verify(tokens, i))), hashes)
     }
 
     /// Indexes blocks `range` of a chain: block `blocks[i]` under
@@ -156,6 +158,9 @@ impl Prefixes {
         };
         let shard = PrefixIndex::shard_of_chain(root);
         let mut index = self.index.writer();
+        for &hash in &hashes[range.clone()] {
+            index.prefetch(shard, hash);
+        }
         let mut run: Option<Range<usize>> = None;
         for i in range {
             let (b, hash) = (blocks[i], hashes[i]);
@@ -230,24 +235,49 @@ impl Prefixes {
         }
     }
 
-    /// Evicts the policy's victim, if any: its hash leaves the index
-    /// through `index` (an eviction: counted, logged, announced). The block
-    /// is uncached and unlocked; the caller owns what happens to it next.
-    pub(crate) fn evict_victim(
+    /// Evicts up to `n` of the policy's victims, in its order, appending
+    /// them to `out`; returns how many (fewer when fewer are evictable).
+    /// Their hashes leave the index through `index` (evictions: counted,
+    /// logged, announced), each bucket prefetched a few victims ahead so
+    /// that their cache misses overlap. The blocks are uncached and
+    /// unlocked; the caller owns what happens to them next.
+    pub(crate) fn evict_victims(
         &self,
         st: &mut CacheState,
         index: &mut IndexWriter<'_>,
-    ) -> Option<BlockId> {
-        let b = st.policy.evict()?;
-        let slot = &mut st.slots[b as usize];
-        let hash = slot.hash.take().expect("evictable blocks are hashed");
-        index.remove(slot.shard, hash);
-        st.stats.evictions += 1;
-        if let Some(log) = &mut st.evicted {
-            log.push((hash, b));
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        /// Victims between a bucket's prefetch and its removal.
+        const AHEAD: usize = 8;
+        let start = out.len();
+        let mut victims = std::mem::take(&mut st.victims);
+        victims.clear();
+        while victims.len() < n {
+            let Some(b) = st.policy.evict() else {
+                break;
+            };
+            let slot = &mut st.slots[b as usize];
+            let hash = slot.hash.take().expect("evictable blocks are hashed");
+            victims.push((b, hash, slot.shard));
+            out.push(b);
         }
-        self.announce_removed(st, hash);
-        Some(b)
+        for &(_, hash, shard) in victims.iter().take(AHEAD) {
+            index.prefetch(shard, hash);
+        }
+        for (i, &(b, hash, shard)) in victims.iter().enumerate() {
+            if let Some(&(_, next, next_shard)) = victims.get(i + AHEAD) {
+                index.prefetch(next_shard, next);
+            }
+            index.remove(shard, hash);
+            st.stats.evictions += 1;
+            if let Some(log) = &mut st.evicted {
+                log.push((hash, b));
+            }
+            self.announce_removed(st, hash);
+        }
+        st.victims = victims;
+        out.len() - start
     }
 
     /// Checks that every block of `blocks` exists and may be dropped from
@@ -332,6 +362,7 @@ impl CacheState {
             events: Vec::new(),
             evicted: None,
             buf: Vec::new(),
+            victims: Vec::new(),
         })
     }
 

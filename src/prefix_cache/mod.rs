@@ -269,12 +269,8 @@ impl PrefixCache {
         let mut st = self.state.lock();
         let mut evicted = Vec::with_capacity(num_blocks.min(st.policy.len()));
         let mut index = self.prefixes.index.writer();
-        while evicted.len() < num_blocks {
-            let Some(b) = self.prefixes.evict_victim(&mut st, &mut index) else {
-                break;
-            };
-            evicted.push(b);
-        }
+        self.prefixes
+            .evict_victims(&mut st, &mut index, num_blocks, &mut evicted);
         evicted
     }
 

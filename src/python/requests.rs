@@ -19,11 +19,11 @@ pub(super) trait Requests: Sync {
     type Admitted: Send;
     /// The block manager (block tables, slots, lengths).
     fn manager(&self) -> &manager::BlockManager;
-    /// Admits `id` with its prompt.
+    /// Admits `id` with its prompt (moved in: the manager keeps it).
     fn admit(
         &self,
         id: RequestId,
-        tokens: &[TokenId],
+        tokens: Vec<TokenId>,
         opts: &AdmitOptions,
     ) -> Result<Self::Admitted>;
     /// Appends generated tokens.
@@ -45,8 +45,8 @@ impl Requests for manager::BlockManager {
         self
     }
 
-    fn admit(&self, id: RequestId, tokens: &[TokenId], opts: &AdmitOptions) -> Result<Admission> {
-        manager::BlockManager::admit(self, id, tokens, opts)
+    fn admit(&self, id: RequestId, tokens: Vec<TokenId>, opts: &AdmitOptions) -> Result<Admission> {
+        self.admit_vec(id, tokens, opts)
     }
 
     fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome> {
@@ -81,10 +81,10 @@ impl Requests for TieredCache {
     fn admit(
         &self,
         id: RequestId,
-        tokens: &[TokenId],
+        tokens: Vec<TokenId>,
         opts: &AdmitOptions,
     ) -> Result<TieredAdmission> {
-        TieredCache::admit(self, id, tokens, opts)
+        TieredCache::admit(self, id, &tokens, opts)
     }
 
     fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome> {
@@ -161,7 +161,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
         };
         let admitted = self.run(py, tokens.len(), || {
             self.ids
-                .create(&key, |id| self.inner.admit(id, &tokens, &opts))
+                .create(&key, |id| self.inner.admit(id, tokens, &opts))
         });
         admitted.map_err(|e| self.err(e))
     }

@@ -7,10 +7,12 @@
 //! it never blocks on the manager, and since only one writer (the state
 //! lock's holder) ever waits, and for one shard, no cycle can form.
 
-use std::collections::hash_map::Entry as MapEntry;
+mod table;
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use self::table::Table;
 use crate::hash::BlockHash;
 use crate::ids::{BlockId, TokenId};
 use crate::sync::{RwLock, WriteGuard};
@@ -20,8 +22,8 @@ const SHARDS: usize = 16;
 #[cfg(loom)]
 const SHARDS: usize = 2;
 
-/// Block hashes are already uniform: the map hashes a key (a hash's low 64
-/// bits) to itself.
+/// Block hashes are already uniform: the tokens' map hashes a key (a
+/// hash's low 64 bits) to itself.
 #[derive(Default)]
 struct PassThrough(u64);
 
@@ -41,19 +43,11 @@ impl Hasher for PassThrough {
     }
 }
 
-/// What the map keeps for one indexed block, under the low 64 bits of its
-/// hash: the high 64 bits (compared on every lookup, so a block is only
-/// found by its full 128-bit hash) and the block. 16 bytes, so a bucket is
-/// 24: a 16,384-block cache's index fits in a core's L2 cache.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    high: u64,
-    block: BlockId,
-}
-
 type Map<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 
-/// The map's key and the entry's `high` of a hash.
+/// The table's key and the entry's `high` of a hash: the table keeps the
+/// high 64 bits beside the block and compares them on every lookup, so a
+/// block is only found by its full 128-bit hash.
 fn split(hash: BlockHash) -> (u64, u64) {
     (hash.0 as u64, (hash.0 >> 64) as u64)
 }
@@ -65,7 +59,7 @@ fn split(hash: BlockHash) -> (u64, u64) {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Shard {
-    map: Map<Entry>,
+    map: Table,
     /// The blocks' tokens, by the same key, kept when the manager verifies
     /// tokens on hits (empty otherwise).
     tokens: Map<Box<[TokenId]>>,
@@ -78,13 +72,13 @@ impl Shard {
     /// is a collision, as a token mismatch is.
     fn get(&self, hash: BlockHash, tokens: Option<&[TokenId]>) -> Option<(BlockId, bool)> {
         let (key, high) = split(hash);
-        let entry = self.map.get(&key)?;
-        let same = entry.high == high
+        let (have, block) = self.map.get(key)?;
+        let same = have == high
             && match (self.tokens.get(&key), tokens) {
                 (Some(have), Some(want)) => **have == *want,
                 _ => true,
             };
-        Some((entry.block, same))
+        Some((block, same))
     }
 }
 
@@ -108,15 +102,22 @@ impl PrefixIndex {
 
     /// Blocks of the leading run of `keys` (a chain, from its root) found in
     /// the index; a key with tokens matches only a block holding them.
+    /// The buckets of `ahead` (hashes of the same chain, usually the whole
+    /// of it) are prefetched first, so their misses overlap: the lookups
+    /// and the inserts that follow a short hit find them in cache.
     pub(crate) fn leading_run<'t>(
         &self,
         keys: impl Iterator<Item = (BlockHash, Option<&'t [TokenId]>)>,
+        ahead: &[BlockHash],
     ) -> Vec<BlockId> {
         let mut keys = keys.peekable();
         let Some(&(root, _)) = keys.peek() else {
             return Vec::new();
         };
         let shard = self.shards[Self::shard_of_chain(root) as usize].read();
+        for &hash in ahead {
+            shard.map.prefetch(split(hash).0);
+        }
         let mut run = Vec::with_capacity(keys.size_hint().0);
         for (hash, tokens) in keys {
             match shard.get(hash, tokens) {
@@ -163,11 +164,8 @@ impl PrefixIndex {
                 s.read()
                     .map
                     .iter()
-                    .map(|(&key, e)| {
-                        (
-                            BlockHash(u128::from(e.high) << 64 | u128::from(key)),
-                            e.block,
-                        )
+                    .map(|(key, high, block)| {
+                        (BlockHash(u128::from(high) << 64 | u128::from(key)), block)
                     })
                     .collect::<Vec<_>>()
             })
@@ -194,9 +192,18 @@ impl IndexWriter<'_> {
         guard
     }
 
+    /// Prefetches the bucket of `hash` in `shard` when that shard is the
+    /// one held, or none is (then it is locked): a hint ahead of an
+    /// `insert` or `remove`, never a lock switch of its own.
+    pub(crate) fn prefetch(&mut self, shard: u8, hash: BlockHash) {
+        if self.held.as_ref().is_none_or(|(s, _)| *s == shard) {
+            self.shard(shard).map.prefetch(split(hash).0);
+        }
+    }
+
     /// Indexes `block` under `hash` unless another block already is (or
-    /// another hash with the same low 64 bits: the map holds one entry per
-    /// key); returns whether it was inserted.
+    /// another hash with the same low 64 bits: the table holds one entry
+    /// per key); returns whether it was inserted.
     pub(crate) fn insert(
         &mut self,
         shard: u8,
@@ -206,10 +213,9 @@ impl IndexWriter<'_> {
     ) -> bool {
         let (key, high) = split(hash);
         let shard = self.shard(shard);
-        let MapEntry::Vacant(vacant) = shard.map.entry(key) else {
+        if !shard.map.insert(key, high, block) {
             return false;
-        };
-        vacant.insert(Entry { high, block });
+        }
         if let Some(tokens) = tokens {
             shard.tokens.insert(key, Box::from(tokens));
         }
@@ -220,12 +226,14 @@ impl IndexWriter<'_> {
     pub(crate) fn remove(&mut self, shard: u8, hash: BlockHash) {
         let (key, high) = split(hash);
         let shard = self.shard(shard);
-        let removed = shard.map.remove(&key);
+        let removed = shard.map.remove(key);
         debug_assert!(
-            removed.is_some_and(|e| e.high == high),
+            removed.is_some_and(|(h, _)| h == high),
             "{hash:?} is indexed"
         );
-        shard.tokens.remove(&key);
+        if !shard.tokens.is_empty() {
+            shard.tokens.remove(&key);
+        }
     }
 }
 
@@ -245,7 +253,7 @@ mod tests {
         drop(w);
         assert_eq!(index.get(shard, a, None), Some((3, true)));
         assert_eq!(index.get(shard, b, None), Some((3, false)), "a collision");
-        assert!(index.leading_run([(b, None)].into_iter()).is_empty());
+        assert!(index.leading_run([(b, None)].into_iter(), &[b]).is_empty());
         assert_eq!(index.entries(), [(a, 3)]);
         index.writer().remove(shard, a);
         assert_eq!((index.len(), index.get(shard, a, None)), (0, None));
@@ -260,7 +268,7 @@ mod tests {
         assert_eq!(index.get(shard, h, Some(&[1, 2])), Some((2, true)));
         assert_eq!(index.get(shard, h, Some(&[1, 3])), Some((2, false)));
         assert!(index
-            .leading_run([(h, Some(&[1, 3][..]))].into_iter())
+            .leading_run([(h, Some(&[1, 3][..]))].into_iter(), &[])
             .is_empty());
         index.writer().remove(shard, h);
         assert!(index.writer().insert(shard, h, 4, None));
