@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example duel_seeds -- [--workload multiturn|mooncake]
-//!     [--blocks 8192,16384] [--hash-seeds 10] [--jobs 2]
+//!     [--blocks 8192,16384] [--hash-seeds 10] [--jobs 2] [--cache-only]
 //! ```
 //!
 //! For each cache size it replays the workload through the block manager
@@ -11,13 +11,17 @@
 //! seed 0, and under `adaptive` for hash seeds 0 to N-1, and prints each
 //! rule's prompt-token hit rate, adaptive's min and max, its spread
 //! ((max - min) / max) and its worst gap to the better candidate rule
-//! ((best - min) / best). Both workloads by default.
+//! ((best - min) / best). Both workloads by default. `--cache-only` replays
+//! the cache-only model (`mla_cache::sim::cache_only`, the sweep's starred
+//! columns) instead; its block keys do not depend on a hash seed, so each
+//! rule gives one figure there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mla_cache::sim::{
-    simulate, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest, MOONCAKE_SYNTHETIC_TRACE,
+    cache_only, simulate, BlockKeys, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest,
+    MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::EvictionPolicyKind;
 
@@ -29,8 +33,20 @@ struct Run {
     hash_seed: u64,
 }
 
-fn hit_rate(requests: &[TraceRequest], run: Run) -> Result<f64, String> {
+/// The workload as each replay sees it.
+enum Replay<'a> {
+    Manager(&'a [TraceRequest]),
+    CacheOnly(&'a BlockKeys),
+}
+
+fn hit_rate(replay: &Replay, run: Run) -> Result<f64, String> {
     let eviction: EvictionPolicyKind = run.policy.parse().map_err(|e| format!("{e}"))?;
+    let requests = match replay {
+        Replay::Manager(requests) => requests,
+        Replay::CacheOnly(keys) => {
+            return Ok(cache_only(keys, run.num_blocks, eviction).token_hit_rate)
+        }
+    };
     let config = SimConfig {
         num_blocks: run.num_blocks,
         eviction,
@@ -43,7 +59,7 @@ fn hit_rate(requests: &[TraceRequest], run: Run) -> Result<f64, String> {
 }
 
 /// Runs `runs` on `jobs` threads; the rates in the order of `runs`.
-fn run_all(requests: &[TraceRequest], runs: &[Run], jobs: usize) -> Result<Vec<f64>, String> {
+fn run_all(replay: &Replay, runs: &[Run], jobs: usize) -> Result<Vec<f64>, String> {
     let next = AtomicUsize::new(0);
     let rates = Mutex::new(vec![Ok(0.0); runs.len()]);
     std::thread::scope(|s| {
@@ -51,12 +67,16 @@ fn run_all(requests: &[TraceRequest], runs: &[Run], jobs: usize) -> Result<Vec<f
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&run) = runs.get(i) else { break };
-                let rate = hit_rate(requests, run);
+                let rate = hit_rate(replay, run);
                 rates.lock().expect("no replay panicked")[i] = rate;
             });
         }
     });
-    rates.into_inner().expect("no replay panicked").into_iter().collect()
+    rates
+        .into_inner()
+        .expect("no replay panicked")
+        .into_iter()
+        .collect()
 }
 
 fn workload(name: &str) -> Result<Trace, String> {
@@ -74,8 +94,13 @@ fn main() -> Result<(), String> {
     let mut sizes = vec![8192, 16_384];
     let mut seeds = 10u64;
     let mut jobs = 2;
+    let mut model_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--cache-only" {
+            model_only = true;
+            continue;
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         let bad = |e: std::num::ParseIntError| format!("{flag} {value}: {e}");
         match flag.as_str() {
@@ -98,6 +123,15 @@ fn main() -> Result<(), String> {
     println!("|---|---|---|---|---|---|---|");
     for name in &workloads {
         let trace = workload(name)?;
+        let keys;
+        let replay = if model_only {
+            keys = BlockKeys::new(&trace.requests, SimConfig::default().block_size);
+            Replay::CacheOnly(&keys)
+        } else {
+            Replay::Manager(&trace.requests)
+        };
+        // The cache-only model gives one figure per rule.
+        let seeds = if model_only { 1 } else { seeds };
         for &num_blocks in &sizes {
             let mut runs: Vec<Run> = ["lru", "arc", "residency"]
                 .iter()
@@ -112,7 +146,7 @@ fn main() -> Result<(), String> {
                 num_blocks,
                 hash_seed,
             }));
-            let rates = run_all(&trace.requests, &runs, jobs)?;
+            let rates = run_all(&replay, &runs, jobs)?;
             let (lru, arc, residency) = (rates[0], rates[1], rates[2]);
             let adaptive = &rates[3..];
             let min = adaptive.iter().copied().fold(f64::INFINITY, f64::min);
