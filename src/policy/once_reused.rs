@@ -337,6 +337,10 @@ impl EvictionPolicy for OnceReused {
     fn len(&self) -> usize {
         self.lists.iter().map(IdList::len).sum()
     }
+
+    fn is_empty(&self) -> bool {
+        self.lists.iter().all(IdList::is_empty)
+    }
 }
 
 #[cfg(test)]
