@@ -67,12 +67,12 @@
 //! list a chain's deepest blocks go before its root.
 //!
 //! Costs: O(1) per call; a ghost lookup or push touches one cache line.
-//! Memory per block of the cache: one list's links (four lists share them,
-//! 9 bytes and a list tag), a release stamp (8), a fingerprint (8) and a
-//! class (1): 27 bytes; and the ghost table, 64 bytes per ghost a list holds
-//! rounded up to a power of two (each list holds 2 x num_blocks): 128 to
-//! 256 bytes; 155 bytes per block for a 16,383-block cache, against the
-//! 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
+//! Memory per block of the cache: the links of four lists (9 bytes each,
+//! 36), a release stamp (8), a fingerprint (8) and two classes (2): 54
+//! bytes; and the ghost table, 64 bytes per ghost a list holds rounded up
+//! to a power of two (each list holds 2 x num_blocks): 128 to 256 bytes;
+//! 182 bytes per block for a 16,383-block cache, against the 2.5 MiB a
+//! block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
 use super::{EvictionPolicy, Retention};
