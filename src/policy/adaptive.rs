@@ -7,11 +7,19 @@
 //!                      ├─▶ shadow cache under ARC        (num_blocks / rate blocks)
 //!                      └─▶ shadow cache under residency  (num_blocks / rate blocks)
 //!   the real cache follows the rule whose shadow has more hits (decayed);
-//!   a tie keeps the rule in force
+//!   a tie keeps the rule in force; it starts under residency
 //! ```
 //!
-//! A switch changes only how new blocks are classified and which list gives
-//! the next victim (the lists stay), so following a narrow lead costs little.
+//! Both rules classify every block all the time (see [`OnceReused`]): a
+//! switch changes only which of the lists gives the next victim, and finds
+//! the new rule's classes up to date, so following a narrow lead that turns
+//! out wrong costs only the victims chosen meanwhile. The start is
+//! residency's because, until the shadows differ, residency's victims
+//! (blocks of cold requests, in release order) are the ones both rules
+//! agree on first: looping traffic ties the shadows for its first turnover
+//! or so (nothing has come back yet), and time lost under ARC there is what
+//! residency cannot rebuild quickly (its residents), while traffic that
+//! favours ARC shows it within a few hundred requests.
 //!
 //! Sampling by hash (SHARDS, Waldspurger et al., FAST'15) keeps each
 //! sampled block's whole history, so a shadow of `1/rate` of the cache sees
@@ -29,9 +37,9 @@
 //! hash seed) give the same choices.
 //!
 //! Memory: two shadows of at most 4,096 blocks, each an
-//! [`OnceReused`] (about 155 bytes a block) and a map from hash to
-//! block (about 45): some 200 bytes a shadow block, at most 1.7 MB per
-//! cache, 25 bytes per block of a 16,383-block cache.
+//! [`OnceReused`] (about 182 bytes a block) and a map from hash to
+//! block (about 45): some 230 bytes a shadow block, at most 1.9 MB per
+//! cache, 29 bytes per block of a 16,383-block cache.
 
 use rustc_hash::FxHashMap;
 
@@ -148,7 +156,7 @@ impl Adaptive {
             .next_power_of_two();
         let shadow_blocks = (num_blocks / rate).max(1);
         Ok(Self {
-            real: OnceReused::new(num_blocks, Rule::Arc)?,
+            real: OnceReused::new(num_blocks, Rule::Residency)?,
             shadows: [
                 Shadow::new(shadow_blocks, Rule::Arc)?,
                 Shadow::new(shadow_blocks, Rule::Residency)?,
@@ -285,7 +293,7 @@ mod tests {
         // of 64 blocks resent round robin: 2.5 cache-fulls, so ARC and LRU
         // keep nothing until a session comes back.
         let mut p = Adaptive::new(1024).unwrap();
-        assert_eq!((p.sample_mask, p.rule()), (15, Rule::Arc));
+        assert_eq!((p.sample_mask, p.rule()), (15, Rule::Residency));
         let (mut cached, mut hash_of) = (FxHashMap::default(), FxHashMap::default());
         let mut free: Vec<BlockId> = (0..1024).collect();
         let sessions: Vec<Vec<BlockHash>> = (0..40)
@@ -315,16 +323,17 @@ mod tests {
             .map(|i| hash(7, i))
             .find(|h| (h.0 >> 64) as u64 & p.sample_mask == 0)
             .unwrap();
-        p.shadows[1].score = 10;
+        assert_eq!(p.rule(), Rule::Residency, "the start");
+        p.shadows[0].score = 10;
         p.on_request(&[sampled], 0);
-        assert_eq!(p.rule(), Rule::Residency);
-        // A tie keeps the rule in force; more ARC hits switch back.
-        p.shadows[0].score = p.shadows[1].score;
-        p.on_request(&[sampled], 1);
-        assert_eq!(p.rule(), Rule::Residency);
-        p.shadows[0].score += 5;
+        assert_eq!(p.rule(), Rule::Arc);
+        // A tie keeps the rule in force; more residency hits switch back.
+        p.shadows[1].score = p.shadows[0].score;
         p.on_request(&[sampled], 1);
         assert_eq!(p.rule(), Rule::Arc);
+        p.shadows[1].score += 5;
+        p.on_request(&[sampled], 1);
+        assert_eq!(p.rule(), Rule::Residency);
         // Unsampled blocks are not shown to the shadows.
         let unsampled = (0..)
             .map(|i| hash(8, i))

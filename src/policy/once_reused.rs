@@ -1,6 +1,6 @@
 //! ARC (Megiddo and Modha, FAST'03) over the evictable set: blocks used once
 //! against blocks reused, with ghost lists that move the split between them;
-//! and, over the same lists, a residency rule for traffic that loops.
+//! and, over the same blocks, a residency rule for traffic that loops.
 //!
 //! ```text
 //!            stored, not hit since              hit since stored, or stored again
@@ -32,29 +32,47 @@
 //!
 //! ```text
 //!   a request whose prompt was at least half cached (a resident session):
-//!       its new blocks are kept (`reused`)
+//!       its new blocks are kept
 //!   any other request (a session coming back cold, a one-off):
-//!       its new blocks go on probation (`once`), evicted before anything kept,
+//!       its new blocks go on probation, evicted before anything kept,
 //!       except every 32nd such request, admitted as kept
-//!   hits still promote; `target` is 0 (probation goes first)
+//!   hits make a block kept
 //! ```
 //!
 //! Residents keep hitting and keep their blocks, including the new ones each
-//! step adds; a cold request turns over in the probation list without
-//! displacing them; the 1-in-32 admissions (BIP's rate, Qureshi et al.,
-//! ISCA'07) renew the residents, pushing out those that stopped coming first.
-//! On traffic with no loop (the Mooncake trace), residency loses to LRU;
+//! step adds; a cold request turns over in probation without displacing
+//! them; the 1-in-32 admissions (BIP's rate, Qureshi et al., ISCA'07) renew
+//! the residents, pushing out those that stopped coming first. On traffic
+//! with no loop (the Mooncake trace), residency loses to LRU;
 //! [`super::Adaptive`] runs both rules on shadow caches and follows the better.
 //!
-//! Both lists keep the manager's tail-first release order, so within a list
-//! a chain's deepest blocks go before its root.
+//! Both rules classify every block all the time, whichever is in force: a
+//! cached block is once or reused (ARC's view) and on probation or kept
+//! (residency's), so it sits in one of four lists, each in release order,
+//! and each rule's list is the union of two of them:
+//!
+//! ```text
+//!                    probation     kept
+//!   once             [0]           [1]        ARC's once    = [0] + [1]
+//!   reused           [2]           [3]        ARC's reused  = [2] + [3]
+//!                                             residency's probation = [0] + [2]
+//! ```
+//!
+//! A victim is the older front of its rule's two lists (by release stamp),
+//! so each rule evicts in exactly the order it would over lists of its own,
+//! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
+//! classification up to date: nothing to rebuild.
+//!
+//! Every list keeps the manager's tail-first release order, so within a
+//! list a chain's deepest blocks go before its root.
 //!
 //! Costs: O(1) per call; a ghost lookup or push touches one cache line.
-//! Memory per block of the cache: two list links (18 bytes), a fingerprint
-//! (8) and a class (1): 27 bytes; and the ghost table, 64 bytes per ghost a
-//! list holds rounded up to a power of two (each list holds 2 x num_blocks):
-//! 128 to 256 bytes; 155 bytes per block for a 16,383-block cache, against
-//! the 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
+//! Memory per block of the cache: the links of four lists (9 bytes each,
+//! 36), a release stamp (8), a fingerprint (8) and two classes (2): 54
+//! bytes; and the ghost table, 64 bytes per ghost a list holds rounded up
+//! to a power of two (each list holds 2 x num_blocks): 128 to 256 bytes;
+//! 182 bytes per block for a 16,383-block cache, against the 2.5 MiB a
+//! block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
 use super::{EvictionPolicy, Retention};
@@ -77,43 +95,50 @@ const ONCE: usize = 0;
 /// Ghost list of blocks evicted while reused.
 const REUSED: usize = 1;
 
-/// What a cached block has shown so far.
+/// What a cached block has shown so far, in ARC's view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
     /// Not in the prefix index.
     Uncached,
-    /// Stored, never hit since (under residency: stored on probation).
+    /// Stored, never hit since.
     Once,
-    /// Hit since it was stored, or stored again soon after an eviction
-    /// (under residency: stored by a resident request).
+    /// Hit since it was stored, or stored again soon after an eviction.
     Reused,
 }
 
-/// Which rule classifies new blocks and splits the cache.
+/// Which rule chooses the victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rule {
-    /// ARC: new blocks are seen once unless they return from a ghost list;
+    /// ARC: once before reused while more than `target` blocks are once;
     /// the split is learned from ghost hits.
     Arc,
-    /// New blocks follow their request's [`Retention`]; probation goes first.
+    /// Probation before kept.
     Residency,
 }
 
-/// ARC over the evictable set, or residency over the same lists (see the
+/// The four lists: ARC's class (once 0, reused 2) plus residency's (probation 0, kept 1).
+const LISTS: usize = 4;
+const ARC_REUSED: usize = 2;
+const KEPT: usize = 1;
+
+/// ARC over the evictable set, or residency over the same blocks (see the
 /// module docs).
 #[derive(Debug)]
 pub(crate) struct OnceReused {
-    once: IdList,
-    reused: IdList,
+    lists: [IdList; LISTS],
     class: Vec<Class>,
+    /// Residency's view of each cached block: kept, or on probation.
+    kept: Vec<bool>,
+    /// When each evictable block was released (a count of releases).
+    released_at: Vec<u64>,
+    releases: u64,
     fingerprint: Vec<u64>,
-    /// Cached blocks (evictable or in use) of each class.
+    /// Cached blocks (evictable or in use) ARC sees once.
     cached_once: usize,
-    cached_reused: usize,
     /// List 0: evicted while seen once; list 1: evicted while reused.
     ghosts: GhostLists,
     /// How many cached blocks may be seen-once before `once` is evicted first.
-    /// Learned under both rules, used under ARC's.
+    /// Learned under every rule, used under ARC's.
     target: usize,
     capacity: usize,
     rule: Rule,
@@ -124,12 +149,18 @@ pub(crate) struct OnceReused {
 impl OnceReused {
     pub(crate) fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
         Ok(Self {
-            once: IdList::new(num_blocks)?,
-            reused: IdList::new(num_blocks)?,
+            lists: [
+                IdList::new(num_blocks)?,
+                IdList::new(num_blocks)?,
+                IdList::new(num_blocks)?,
+                IdList::new(num_blocks)?,
+            ],
             class: filled(num_blocks, Class::Uncached, "the policy's classes")?,
+            kept: filled(num_blocks, false, "the policy's classes")?,
+            released_at: filled(num_blocks, 0, "the policy's release stamps")?,
+            releases: 0,
             fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
             cached_once: 0,
-            cached_reused: 0,
             ghosts: GhostLists::new(GHOSTS_PER_BLOCK.saturating_mul(num_blocks))?,
             target: 0,
             capacity: num_blocks,
@@ -144,38 +175,65 @@ impl OnceReused {
         self.rule
     }
 
-    /// Whether `block` is evictable (in one of the lists).
-    pub(crate) fn is_evictable(&self, block: BlockId) -> bool {
-        self.once.contains(block) || self.reused.contains(block)
+    /// The list `block` belongs in, by its classes.
+    fn list_of(&self, block: BlockId) -> usize {
+        let i = block as usize;
+        usize::from(self.class[i] == Class::Reused) * ARC_REUSED + usize::from(self.kept[i]) * KEPT
     }
 
-    /// Switches rules; the lists stay as they are.
+    /// Whether `block` is evictable (in one of the lists).
+    pub(crate) fn is_evictable(&self, block: BlockId) -> bool {
+        self.lists[self.list_of(block)].contains(block)
+    }
+
+    /// Switches rules; the lists and classes stay as they are.
     pub(crate) fn set_rule(&mut self, rule: Rule) {
         self.rule = rule;
     }
 
     fn set_class(&mut self, block: BlockId, class: Class) {
         let slot = &mut self.class[block as usize];
-        match *slot {
-            Class::Once => self.cached_once -= 1,
-            Class::Reused => self.cached_reused -= 1,
-            Class::Uncached => {}
+        if *slot == Class::Once {
+            self.cached_once -= 1;
         }
-        match class {
-            Class::Once => self.cached_once += 1,
-            Class::Reused => self.cached_reused += 1,
-            Class::Uncached => {}
+        if class == Class::Once {
+            self.cached_once += 1;
         }
         *slot = class;
     }
 
-    /// Whether the next victim comes from `once`.
-    fn evicts_once(&self) -> bool {
-        let target = match self.rule {
-            Rule::Arc => self.target,
-            Rule::Residency => 0,
-        };
-        !self.once.is_empty() && (self.cached_once > target || self.reused.is_empty())
+    /// Of lists `a` and `b`, the nonempty one whose front was released
+    /// first.
+    fn older(&self, a: usize, b: usize) -> Option<usize> {
+        match (self.lists[a].front(), self.lists[b].front()) {
+            (Some(x), Some(y)) => Some(
+                if self.released_at[x as usize] < self.released_at[y as usize] {
+                    a
+                } else {
+                    b
+                },
+            ),
+            (Some(_), None) => Some(a),
+            (None, Some(_)) => Some(b),
+            (None, None) => None,
+        }
+    }
+
+    /// The list the next victim comes from.
+    fn victim_list(&self) -> Option<usize> {
+        let (reused, reused_kept) = (ARC_REUSED, ARC_REUSED + KEPT);
+        match self.rule {
+            Rule::Residency => self
+                .older(0, reused)
+                .or_else(|| self.older(KEPT, reused_kept)),
+            Rule::Arc => {
+                let once = self.older(0, KEPT);
+                match once {
+                    Some(_) if self.cached_once > self.target => once,
+                    _ => self.older(reused, reused_kept).or(once),
+                }
+            }
+        }
     }
 }
 
@@ -193,7 +251,7 @@ impl EvictionPolicy for OnceReused {
         for &h in &hashes[hit.min(hashes.len())..] {
             self.ghosts.prefetch(fingerprint(h));
         }
-        // Counted under both rules, so a switch finds the count going. A
+        // Counted under every rule, so a switch finds the count going. A
         // prompt without a full block has nothing to be judged by: warm.
         if 2 * hit >= hashes.len() {
             return Retention::Keep;
@@ -224,50 +282,42 @@ impl EvictionPolicy for OnceReused {
             }
             None => false,
         };
-        let class = match (self.rule, retention) {
-            (Rule::Arc, _) if returned => Class::Reused,
-            (Rule::Arc, _) | (Rule::Residency, Retention::Probation) => Class::Once,
-            (Rule::Residency, Retention::Keep) => Class::Reused,
-        };
-        self.set_class(block, class);
+        self.set_class(block, if returned { Class::Reused } else { Class::Once });
+        self.kept[block as usize] = retention == Retention::Keep;
     }
 
     fn insert(&mut self, block: BlockId) {
-        match self.class[block as usize] {
-            Class::Once => self.once.push_back(block),
-            Class::Reused => self.reused.push_back(block),
-            Class::Uncached => panic!("block {block} was released but never stored"),
-        }
+        assert_ne!(
+            self.class[block as usize],
+            Class::Uncached,
+            "block {block} was released but never stored"
+        );
+        self.released_at[block as usize] = self.releases;
+        self.releases += 1;
+        let list = self.list_of(block);
+        self.lists[list].push_back(block);
     }
 
     fn remove(&mut self, block: BlockId) {
-        if self.once.contains(block) {
-            self.once.remove(block);
-        } else {
-            self.reused.remove(block);
-        }
+        let list = self.list_of(block);
+        self.lists[list].remove(block);
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let from_once = self.evicts_once();
-        let block = if from_once {
-            self.once.pop_front()
-        } else {
-            self.reused.pop_front()
-        }?;
+        let list = self.victim_list()?;
+        let block = self.lists[list].pop_front()?;
         let fp = self.fingerprint[block as usize];
-        self.ghosts.push(if from_once { ONCE } else { REUSED }, fp);
+        let ghost = if list & ARC_REUSED == 0 { ONCE } else { REUSED };
+        self.ghosts.push(ghost, fp);
         self.set_class(block, Class::Uncached);
         // Victims come in runs: fetch the ghost buckets of the next two now,
         // so their pushes find them in the cache.
-        let list = if self.evicts_once() {
-            &self.once
-        } else {
-            &self.reused
-        };
-        let next = list.front();
-        for b in next.into_iter().chain(next.and_then(|b| list.after(b))) {
-            self.ghosts.prefetch(self.fingerprint[b as usize]);
+        if let Some(next) = self.victim_list() {
+            let list = &self.lists[next];
+            let front = list.front();
+            for b in front.into_iter().chain(front.and_then(|b| list.after(b))) {
+                self.ghosts.prefetch(self.fingerprint[b as usize]);
+            }
         }
         Some(block)
     }
@@ -275,16 +325,21 @@ impl EvictionPolicy for OnceReused {
     fn on_hit(&mut self, block: BlockId) {
         debug_assert_ne!(self.class[block as usize], Class::Uncached);
         self.set_class(block, Class::Reused);
+        self.kept[block as usize] = true;
     }
 
     fn forget(&mut self, block: BlockId) {
         // Dropped, not evicted: no ghost, so its return moves no target.
-        debug_assert!(!self.once.contains(block) && !self.reused.contains(block));
+        debug_assert!(!self.is_evictable(block));
         self.set_class(block, Class::Uncached);
     }
 
     fn len(&self) -> usize {
-        self.once.len() + self.reused.len()
+        self.lists.iter().map(IdList::len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lists.iter().all(IdList::is_empty)
     }
 }
 
@@ -372,7 +427,7 @@ mod tests {
         p.remove(0);
         p.forget(0);
         p.forget(1);
-        assert_eq!((p.len(), p.cached_once, p.cached_reused), (0, 0, 0));
+        assert_eq!((p.len(), p.cached_once), (0, 0));
         // Stored again, neither counts as coming back from a ghost list.
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
@@ -428,13 +483,13 @@ mod tests {
         p.on_store(0, h(10), Retention::Probation);
         p.insert(0);
         assert_eq!(p.evict(), Some(0)); // hash 10 enters the once ghosts
-                                        // Under ARC its return would make it reused; a cold session coming
-                                        // back after the cache turned over stays on probation here.
+                                        // ARC sees its return as reuse; a cold session coming back after the
+                                        // cache turned over stays on probation under residency.
         p.on_store(0, h(10), Retention::Probation);
-        assert_eq!(p.class[0], Class::Once);
+        assert_eq!((p.class[0], p.kept[0]), (Class::Reused, false));
         assert_eq!(p.target, 1, "the target is still learned");
         p.on_hit(0);
-        assert_eq!(p.class[0], Class::Reused);
+        assert!(p.kept[0]);
     }
 
     #[test]
@@ -443,42 +498,82 @@ mod tests {
         p.on_store(0, h(10), Retention::Keep);
         p.on_store(1, h(11), Retention::Probation);
         assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
+        assert_eq!(
+            (p.kept[0], p.kept[1]),
+            (true, false),
+            "residency's view is kept too"
+        );
         assert_eq!(p.name(), "arc");
         p.set_rule(Rule::Residency);
         assert_eq!((p.name(), p.rule()), ("residency", Rule::Residency));
     }
 
+    #[test]
+    fn a_switch_of_rules_finds_each_rules_order_intact() {
+        let mut p = OnceReused::new(8, Rule::Arc).unwrap();
+        // Released in this order: 0 once and kept, 1 once on probation,
+        // 2 reused and kept (a hit).
+        p.on_store(0, h(10), Retention::Keep);
+        p.on_store(1, h(11), Retention::Probation);
+        p.on_store(2, h(12), Retention::Probation);
+        p.on_hit(2);
+        for b in [0, 1, 2] {
+            p.insert(b);
+        }
+        // Residency: probation first (1), then kept in release order (0, 2).
+        p.set_rule(Rule::Residency);
+        assert_eq!(p.victim_list().map(|l| p.lists[l].front()), Some(Some(1)));
+        // ARC with target 0: once first in release order (0, then 1).
+        p.set_rule(Rule::Arc);
+        assert_eq!(p.evict(), Some(0));
+        p.set_rule(Rule::Residency);
+        assert_eq!(p.evict(), Some(1));
+        assert_eq!(p.evict(), Some(2));
+        assert_eq!(p.evict(), None);
+    }
+
     proptest! {
-        /// ARC's rules hold after any sequence of stores, releases, hits,
-        /// drops and evictions: the class counts match the blocks, the target stays in
-        /// range, and each victim comes from the list the rule names.
+        /// The rules hold after any sequence of stores, releases, hits,
+        /// drops, evictions and switches of rule: the class counts match the
+        /// blocks, the target stays in range, and each victim is the block
+        /// released first among those its rule puts first.
         #[test]
         fn the_rules_hold_on_random_sequences(
-            ops in prop::collection::vec((0..4u8, 0..12u128, any::<usize>()), 1..300),
-            residency in any::<bool>(),
+            ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
+            first in 0..2usize,
         ) {
             const N: usize = 6;
-            let rule = if residency { Rule::Residency } else { Rule::Arc };
-            let mut p = OnceReused::new(N, rule).unwrap();
+            const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
+            let mut p = OnceReused::new(N, RULES[first]).unwrap();
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
+            // Evictable blocks in release order.
+            let mut released: Vec<BlockId> = Vec::new();
             for (what, hash, pick) in ops {
                 match what {
                     0 => {
                         let b = match free.pop() {
                             Some(b) => b,
                             None => {
-                                let target = if residency { 0 } else { p.target };
-                                let from_once = !p.once.is_empty()
-                                    && (p.cached_once > target || p.reused.is_empty());
-                                let expected = if from_once { p.once.front() } else { p.reused.front() };
-                                let probation: Vec<BlockId> = p.once.iter().collect();
-                                let Some(b) = p.evict() else { continue };
+                                let once = |b: &&BlockId| p.class[**b as usize] == Class::Once;
+                                let probation = |b: &&BlockId| !p.kept[**b as usize];
+                                let expected = match p.rule() {
+                                    Rule::Residency => released.iter().find(probation).or(released.first()),
+                                    Rule::Arc => {
+                                        let first_once = released.iter().find(once);
+                                        let first_reused = released.iter().find(|b| !once(b));
+                                        match first_once {
+                                            Some(_) if p.cached_once > p.target => first_once,
+                                            _ => first_reused.or(first_once),
+                                        }
+                                    }
+                                }.copied();
+                                let Some(b) = p.evict() else {
+                                    prop_assert!(released.is_empty());
+                                    continue;
+                                };
                                 prop_assert_eq!(Some(b), expected);
-                                // Residency never evicts a kept block while one on probation waits.
-                                if residency && !probation.is_empty() {
-                                    prop_assert!(probation.contains(&b));
-                                }
+                                released.retain(|&x| x != b);
                                 b
                             }
                         };
@@ -488,48 +583,43 @@ mod tests {
                             Retention::Probation
                         };
                         p.on_store(b, h(hash), retention);
-                        if residency {
-                            let expected = match retention {
-                                Retention::Keep => Class::Reused,
-                                Retention::Probation => Class::Once,
-                            };
-                            prop_assert_eq!(p.class[b as usize], expected);
-                        }
+                        prop_assert_eq!(p.kept[b as usize], retention == Retention::Keep);
                         held.push(b);
                     }
                     1 if !held.is_empty() => {
                         let b = held.swap_remove(pick % held.len());
                         p.insert(b);
+                        released.push(b);
                     }
-                    2 if p.len() > 0 => {
-                        let list: Vec<BlockId> = p.once.iter().chain(p.reused.iter()).collect();
-                        let b = list[pick % list.len()];
+                    2 if !released.is_empty() => {
+                        let b = released.remove(pick % released.len());
                         p.remove(b);
                         p.on_hit(b);
+                        prop_assert!(p.kept[b as usize] && p.class[b as usize] == Class::Reused);
                         held.push(b);
                     }
-                    3 if p.len() + held.len() > 0 => {
+                    3 if released.len() + held.len() > 0 => {
                         // Dropped on request: a held block, or an evictable one (removed first).
-                        let evictable: Vec<BlockId> = p.once.iter().chain(p.reused.iter()).collect();
-                        let i = pick % (evictable.len() + held.len());
+                        let i = pick % (released.len() + held.len());
                         let b = if i < held.len() {
                             held.swap_remove(i)
                         } else {
-                            let b = evictable[i - held.len()];
+                            let b = released.remove(i - held.len());
                             p.remove(b);
                             b
                         };
                         p.forget(b);
                         free.push(b);
                     }
+                    4 => p.set_rule(RULES[pick % 2]),
                     _ => {}
                 }
                 let count = |c: Class| p.class.iter().filter(|&&x| x == c).count();
                 prop_assert_eq!(p.cached_once, count(Class::Once));
-                prop_assert_eq!(p.cached_reused, count(Class::Reused));
                 prop_assert!(p.target <= N);
-                prop_assert!(p.once.iter().all(|b| p.class[b as usize] == Class::Once));
-                prop_assert!(p.reused.iter().all(|b| p.class[b as usize] == Class::Reused));
+                prop_assert_eq!(p.len(), released.len());
+                prop_assert!(released.iter().all(|&b| p.is_evictable(b)));
+                prop_assert!(held.iter().all(|&b| !p.is_evictable(b)));
                 prop_assert_eq!(p.len() + held.len() + free.len(), N);
             }
         }
