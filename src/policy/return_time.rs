@@ -159,11 +159,7 @@ impl ReturnAges {
         let (mut n, mut sum) = (0u64, 0u64);
         for b in (0..AGE_BUCKETS).rev() {
             let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 };
-            self.remaining[b] = if n == 0 {
-                0
-            } else {
-                (sum / n).saturating_sub(start)
-            };
+            self.remaining[b] = sum.checked_div(n).unwrap_or(0).saturating_sub(start);
             n += self.counts[b];
             sum += self.counts[b] * bucket_end(b);
         }
