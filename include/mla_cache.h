@@ -220,6 +220,10 @@ enum MlaEvictionPolicyKind
      * ARC or residency, whichever hits more on sampled shadow caches.
      */
     MLA_EVICTION_POLICY_KIND_ADAPTIVE = 3,
+    /**
+     * Ranks blocks by when their chain is expected back, learned online.
+     */
+    MLA_EVICTION_POLICY_KIND_RETURN_TIME = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -148,6 +148,9 @@ pub enum EvictionPolicyKind {
     /// `arc` or `residency`, whichever hits more on two small shadow caches
     /// of sampled blocks, chosen online.
     Adaptive = 3,
+    /// Return time: ranks cached blocks by when their chain is expected
+    /// back, learned online (see `docs/eviction.md`).
+    ReturnTime = 4,
 }
 
 impl EvictionPolicyKind {

@@ -160,6 +160,41 @@ fn lru_evicts_children_before_parents_and_a_match_renews_a_path() {
 }
 
 #[test]
+fn every_policy_keeps_pinned_and_locked_blocks_through_a_flood() {
+    for kind in EvictionPolicyKind::ALL {
+        let c = cache_with(16, |c| c.eviction = kind);
+        c.insert(&toks(0..12), &none(), &[0, 1, 2]).unwrap();
+        assert_eq!(c.pin(&toks(0..8), &none()), Ok(8), "{kind}");
+        c.insert(&toks(100..108), &none(), &[3, 4]).unwrap();
+        c.lock(&[3, 4]).unwrap();
+        // One-off prompts, each evicting everything it may.
+        let mut evicted = BTreeSet::new();
+        for i in 0..20u32 {
+            let ids: Vec<u32> = (5..16).collect();
+            let prompt = toks(1000 * (i + 1)..1000 * (i + 1) + 44);
+            c.insert(&prompt, &none(), &ids).unwrap();
+            evicted.extend(c.evict(16));
+            ok(&c);
+        }
+        assert!(evicted.contains(&2), "{kind}: the unpinned tail goes");
+        assert!(
+            evicted.iter().all(|&b| b >= 5 || b == 2),
+            "{kind}: evicted {evicted:?}"
+        );
+        assert_eq!(
+            c.match_prefix(&toks(0..12), &none()).num_tokens,
+            8,
+            "{kind}"
+        );
+        assert_eq!(
+            c.match_prefix(&toks(100..112), &none()).num_tokens,
+            8,
+            "{kind}"
+        );
+    }
+}
+
+#[test]
 fn pins_lock_a_prefix_within_the_budget_and_unpin_releases_them() {
     let c = cache_with(8, |c| c.pin_budget_blocks = Some(2));
     c.insert(&toks(0..12), &none(), &[0, 1, 2]).unwrap();

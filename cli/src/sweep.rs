@@ -49,6 +49,7 @@ fn policy_color(policy: Option<EvictionPolicyKind>) -> &'static str {
         Some(EvictionPolicyKind::Arc) => "#9467bd",
         Some(EvictionPolicyKind::Residency) => "#17becf",
         Some(EvictionPolicyKind::Adaptive) => "#ff7f0e",
+        Some(EvictionPolicyKind::ReturnTime) => "#2ca02c",
         None => "#000000",
     }
 }

@@ -111,7 +111,7 @@ class CacheConfig:
         """Whether full blocks are shared between requests by prefix hash."""
     @property
     def eviction(self) -> str:
-        """Eviction policy name: ``"lru"``, ``"arc"``, ``"residency"`` or ``"adaptive"``."""
+        """Eviction policy name: ``"lru"``, ``"arc"``, ``"residency"``, ``"adaptive"`` or ``"return_time"``."""
     @property
     def hash_seed(self) -> Optional[int]:
         """Seed of the block hash chain (``None``: random per manager)."""

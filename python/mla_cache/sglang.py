@@ -66,7 +66,7 @@ __all__ = ["BACKEND_NAME", "PrefixNode", "RadixCache", "register"]
 BACKEND_NAME = "mla_cache"
 """The name ``--radix-cache-backend`` takes."""
 
-EVICTION_POLICIES = ("lru", "arc", "residency", "adaptive")
+EVICTION_POLICIES = ("lru", "arc", "residency", "adaptive", "return_time")
 """``--radix-eviction-policy`` values this backend runs (mla_cache's policies)."""
 
 EVENT_HASH_SEED = 0

@@ -80,13 +80,16 @@ pub enum MlaEvictionPolicyKind {
     Residency = 2,
     /// ARC or residency, whichever hits more on sampled shadow caches.
     Adaptive = 3,
+    /// Ranks blocks by when their chain is expected back, learned online.
+    ReturnTime = 4,
 }
 
 mirror_enum!(EvictionPolicyKind <=> MlaEvictionPolicyKind {
     Lru,
     Arc,
     Residency,
-    Adaptive
+    Adaptive,
+    ReturnTime
 });
 
 /// How block hashes are computed.

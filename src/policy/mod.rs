@@ -13,6 +13,7 @@
 //! | `arc` | [`once_reused`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
 //! | `residency` | [`once_reused`] | the same lists; requests that mostly hit keep their new blocks, others' go first |
 //! | `adaptive` | [`adaptive`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
+//! | `return_time` | [`return_time`] | the chain expected back last first: by turns, coldness and learned return ages |
 //!
 //! The lifecycle of a block, as the policy sees it:
 //!
@@ -30,12 +31,14 @@ mod adaptive;
 mod ghost;
 mod lru;
 mod once_reused;
+mod return_time;
 
 use std::fmt;
 
 pub(crate) use adaptive::Adaptive;
 pub(crate) use lru::Lru;
 pub(crate) use once_reused::{OnceReused, Rule};
+pub(crate) use return_time::ReturnTime;
 
 use crate::config::EvictionPolicyKind;
 use crate::hash::BlockHash;
@@ -125,6 +128,7 @@ pub(crate) fn build(
         EvictionPolicyKind::Arc => Box::new(OnceReused::new(num_blocks, Rule::Arc)?),
         EvictionPolicyKind::Residency => Box::new(OnceReused::new(num_blocks, Rule::Residency)?),
         EvictionPolicyKind::Adaptive => Box::new(Adaptive::new(num_blocks)?),
+        EvictionPolicyKind::ReturnTime => Box::new(ReturnTime::new(num_blocks)?),
     })
 }
 

@@ -1,0 +1,704 @@
+//! Return time: evicts the cached blocks whose chain is expected back last,
+//! using what only a prefix cache knows: how often a chain has been
+//! extended (a conversation's turns), whether the request that last used it
+//! found it cached, and how long chains take to come back, learned online.
+//!
+//! ```text
+//!   class of a block = the request that last used it (hit or stored it):
+//!     cold   it found fewer than half its prompt's blocks cached: the
+//!            blocks it stores are cold, the blocks it hits warm
+//!     turns  the hits of the request's shallowest private block (the times
+//!            its chain was extended), 0 to 15
+//!     shared a block hit 16 times or more (a system prompt): its own class
+//!
+//!   evict, in this order:
+//!     1. the least recently used block, if it is older than the return
+//!        horizon (learned: 1.1 x the 99th percentile of return ages)
+//!     2. from the first non-empty class of
+//!          cold 15 turns .. cold 0 turns, warm 15 .. warm 0, shared
+//!        the oldest group or the youngest group (a group: the blocks one
+//!        request released together), whichever is expected back later
+//!        (learned remaining time to return at its age); tail first
+//! ```
+//!
+//! Why: on traffic whose sessions come back after the cache turns over (a
+//! user thinking for minutes), LRU evicts the sessions about to return. A
+//! session just served is the one expected back last, one that ended is
+//! never back, and one that has gone on for many turns is the likeliest to
+//! have ended. The ages at which blocks come back (hits, and stores of a
+//! hash evicted earlier, remembered by a ghost table) give both the horizon
+//! past which a chain has ended and, for any age, the expected time to its
+//! return: whether the old end or the young end of a class goes first is
+//! decided by them, so recency-friendly traffic keeps LRU's order. The
+//! class order is fixed, and wrong where prefixes are forked rather than
+//! extended: below LRU on the Mooncake trace (`docs/eviction.md`).
+//!
+//! Children before parents: all blocks of a request's path but its shared
+//! prefix get the request's turns (read from the path's shallowest
+//! non-shared block, and hits only shrink with depth), stored (possibly
+//! cold) blocks go before hit (warm) ones, a shared parent is in the class
+//! evicted last, and a path is released tail first, so a group's first
+//! block is its deepest. A block is evicted before its child only when a
+//! later request used the parent without the child and gave it a class
+//! evicted earlier: a fork, or a system prompt in its first 16 uses.
+//!
+//! Costs: O(1) per call: a block moves between intrusive lists; eviction
+//! reads the heads of the non-empty classes (a 64-bit mask finds them, at
+//! most 33) and two candidates of one class; every 1,024 returns the
+//! 128-bucket age tables are rebuilt. Memory: 39 bytes per block, and the
+//! ghost table, 8 bytes per entry, two entries per block rounded up to a
+//! power of two: 55 to 71 bytes per block.
+
+use super::{EvictionPolicy, Retention};
+use crate::alloc::filled;
+use crate::error::Result;
+use crate::hash::BlockHash;
+use crate::ids::BlockId;
+
+const NIL: u32 = u32::MAX;
+/// Turn counts told apart; more count as the last.
+const TURNS: usize = 16;
+/// Classes: (cold, turns) pairs and the shared class.
+const CLASSES: usize = 2 * TURNS + 1;
+/// The class of shared blocks, evicted last.
+const SHARED: usize = CLASSES - 1;
+/// Hits that make a block shared: more than a conversation has turns.
+const SHARED_HITS: u8 = 16;
+/// Age buckets of the return-age table: 8 per doubling of the age.
+const AGE_BUCKETS: usize = 128;
+/// Returns between two rebuilds of the age tables.
+const RELEARN_PERIOD: u64 = 1024;
+/// Returns counted before the counts halve (recent traffic weighs more).
+const AGE_WINDOW: u64 = 1 << 16;
+
+/// The class of a block last used by a request of this kind.
+fn class_of(cold: bool, turns: u8) -> usize {
+    usize::from(!cold) * TURNS + usize::from(turns).min(TURNS - 1)
+}
+
+/// The eviction order of the classes (see the module docs).
+fn class_order() -> [u8; CLASSES] {
+    let mut order = [SHARED as u8; CLASSES];
+    let classes = [true, false]
+        .into_iter()
+        .flat_map(|cold| (0..TURNS as u8).rev().map(move |t| class_of(cold, t) as u8));
+    for (slot, c) in order.iter_mut().zip(classes) {
+        *slot = c;
+    }
+    order
+}
+
+/// The age bucket of `age` (in requests): exact below 8, then 8 per doubling.
+fn bucket_of(age: u32) -> usize {
+    if age < 8 {
+        return age as usize;
+    }
+    let log = 31 - age.leading_zeros();
+    let frac = (age >> (log - 3)) & 7;
+    ((log as usize - 2) * 8 + frac as usize).min(AGE_BUCKETS - 1)
+}
+
+/// The largest age in bucket `b`.
+fn bucket_end(b: usize) -> u64 {
+    if b < 8 {
+        return b as u64;
+    }
+    let log = (b / 8 + 2) as u32;
+    let frac = (b % 8) as u64;
+    ((9 + frac) << (log - 3)) - 1
+}
+
+/// The ages at which blocks came back, and what they predict.
+#[derive(Debug)]
+struct ReturnAges {
+    counts: [u64; AGE_BUCKETS],
+    total: u64,
+    /// Expected requests until a block of each age bucket returns, among
+    /// blocks that return.
+    remaining: [u64; AGE_BUCKETS],
+    /// Past this age (in requests) a block is taken as never returning.
+    horizon: u32,
+}
+
+impl ReturnAges {
+    fn new() -> Self {
+        Self {
+            counts: [0; AGE_BUCKETS],
+            total: 0,
+            remaining: [0; AGE_BUCKETS],
+            horizon: u32::MAX,
+        }
+    }
+
+    fn record(&mut self, age: u32) {
+        self.counts[bucket_of(age)] += 1;
+        self.total += 1;
+        if self.total % RELEARN_PERIOD == 0 {
+            self.relearn();
+        }
+        if self.total >= AGE_WINDOW {
+            for c in &mut self.counts {
+                *c /= 2;
+            }
+            self.total = self.counts.iter().sum();
+        }
+    }
+
+    fn relearn(&mut self) {
+        // The horizon: 1.1 x the 99th percentile. Ages past it are still
+        // seen (stores of evicted hashes), so it does not shrink itself.
+        let wanted = self.total - self.total / 100;
+        let mut seen = 0;
+        if let Some(b) = self.counts.iter().position(|&c| {
+            seen += c;
+            seen >= wanted
+        }) {
+            self.horizon = (bucket_end(b) * 11 / 10).min(u64::from(u32::MAX)) as u32;
+        }
+        // Remaining time at the start of each bucket, over later returns.
+        let (mut n, mut sum) = (0u64, 0u64);
+        for b in (0..AGE_BUCKETS).rev() {
+            let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 };
+            self.remaining[b] = sum.checked_div(n).unwrap_or(0).saturating_sub(start);
+            n += self.counts[b];
+            sum += self.counts[b] * bucket_end(b);
+        }
+    }
+
+    /// Expected requests until a returning block of this age comes back.
+    fn remaining(&self, age: u32) -> u64 {
+        self.remaining[bucket_of(age)]
+    }
+}
+
+/// A fingerprint per recently evicted hash with its last use: a
+/// direct-mapped table, one entry per slot (a newer eviction overwrites).
+#[derive(Debug)]
+struct Ghosts {
+    entries: Vec<u64>,
+    mask: usize,
+}
+
+impl Ghosts {
+    fn new(num_blocks: usize) -> Result<Self> {
+        let len = num_blocks.max(1).saturating_mul(2).next_power_of_two();
+        Ok(Self {
+            entries: filled(len, 0, "the policy's ghost table")?,
+            mask: len - 1,
+        })
+    }
+
+    fn slot(&self, fp: u64) -> usize {
+        (fp.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    }
+
+    /// The entry's tag: 32 bits of `fp`, never 0, so no entry is 0.
+    fn tag(fp: u64) -> u64 {
+        (fp >> 32) | 1
+    }
+
+    /// Remembers that `fp`, last used at `clock`, was evicted.
+    fn push(&mut self, fp: u64, clock: u32) {
+        let slot = self.slot(fp);
+        self.entries[slot] = Self::tag(fp) << 32 | u64::from(clock);
+    }
+
+    /// When `fp` was last used, if it is remembered (and forgets it).
+    fn take(&mut self, fp: u64) -> Option<u32> {
+        let slot = self.slot(fp);
+        let e = self.entries[slot];
+        (e >> 32 == Self::tag(fp)).then(|| {
+            self.entries[slot] = 0;
+            e as u32
+        })
+    }
+}
+
+/// Group ids `0..num_blocks`, the lowest taken first.
+fn free_groups(num_blocks: usize) -> Result<Vec<u32>> {
+    let mut ids = filled(num_blocks, 0u32, "the policy's groups")?;
+    for (id, g) in ids.iter_mut().rev().enumerate() {
+        *g = id as u32;
+    }
+    Ok(ids)
+}
+
+/// Return time over the evictable set (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ReturnTime {
+    /// Links of the class lists (each in release order, oldest first).
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    /// A listed block's group (NIL: not evictable).
+    group: Vec<u32>,
+    /// First (deepest) block of each group still listed.
+    group_first: Vec<u32>,
+    free_groups: Vec<u32>,
+    head: [u32; CLASSES],
+    tail: [u32; CLASSES],
+    /// Bit `c` set while class `c` lists a block.
+    nonempty: u64,
+    len: usize,
+    class: Vec<u8>,
+    /// Last used by a cold request.
+    cold: Vec<bool>,
+    /// Hits since stored, up to `SHARED_HITS`.
+    hits: Vec<u8>,
+    /// The clock when the block last became evictable.
+    released_at: Vec<u32>,
+    /// The block's age when a hit revived it, until `on_hit` records it.
+    revived_age: Vec<u32>,
+    fingerprint: Vec<u64>,
+    /// Requests admitted so far: the policy's clock.
+    clock: u32,
+    /// The current request: cold, and its chain's turns so far.
+    request_cold: bool,
+    request_turns: u8,
+    ages: ReturnAges,
+    ghosts: Ghosts,
+    order: [u8; CLASSES],
+}
+
+impl ReturnTime {
+    /// An empty policy for a cache of `num_blocks` blocks.
+    pub(crate) fn new(num_blocks: usize) -> Result<Self> {
+        Ok(Self {
+            prev: filled(num_blocks, NIL, "the policy's lists")?,
+            next: filled(num_blocks, NIL, "the policy's lists")?,
+            group: filled(num_blocks, NIL, "the policy's groups")?,
+            group_first: filled(num_blocks, NIL, "the policy's groups")?,
+            free_groups: free_groups(num_blocks)?,
+            head: [NIL; CLASSES],
+            tail: [NIL; CLASSES],
+            nonempty: 0,
+            len: 0,
+            class: filled(num_blocks, 0, "the policy's classes")?,
+            cold: filled(num_blocks, false, "the policy's classes")?,
+            hits: filled(num_blocks, 0, "the policy's hit counts")?,
+            released_at: filled(num_blocks, 0, "the policy's clocks")?,
+            revived_age: filled(num_blocks, NIL, "the policy's clocks")?,
+            fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
+            clock: 0,
+            request_cold: false,
+            request_turns: 0,
+            ages: ReturnAges::new(),
+            ghosts: Ghosts::new(num_blocks)?,
+            order: class_order(),
+        })
+    }
+
+    fn age(&self, b: BlockId) -> u32 {
+        self.clock.wrapping_sub(self.released_at[b as usize])
+    }
+
+    /// Sets `b`'s class from its hits and the current request.
+    fn classify(&mut self, b: BlockId) {
+        let i = b as usize;
+        self.class[i] = if self.hits[i] >= SHARED_HITS {
+            SHARED as u8
+        } else {
+            class_of(self.cold[i], self.request_turns) as u8
+        };
+    }
+
+    /// Lists `b` at the young end of its class, in the current group.
+    fn push(&mut self, b: BlockId) {
+        let i = b as usize;
+        let c = usize::from(self.class[i]);
+        self.released_at[i] = self.clock;
+        let t = self.tail[c];
+        let g = if t != NIL && self.released_at[t as usize] == self.clock {
+            self.group[t as usize]
+        } else {
+            let g = self.free_groups.pop().expect("at most one group per block");
+            self.group_first[g as usize] = b;
+            g
+        };
+        self.group[i] = g;
+        self.prev[i] = t;
+        self.next[i] = NIL;
+        if t == NIL {
+            self.head[c] = b;
+            self.nonempty |= 1 << c;
+        } else {
+            self.next[t as usize] = b;
+        }
+        self.tail[c] = b;
+        self.len += 1;
+    }
+
+    /// Takes `b` out of its class list.
+    fn unlink(&mut self, b: BlockId) {
+        let i = b as usize;
+        let c = usize::from(self.class[i]);
+        let (p, n, g) = (self.prev[i], self.next[i], self.group[i]);
+        debug_assert_ne!(g, NIL, "block {b} is not evictable");
+        if self.group_first[g as usize] == b {
+            if n != NIL && self.group[n as usize] == g {
+                self.group_first[g as usize] = n;
+            } else {
+                self.group_first[g as usize] = NIL;
+                self.free_groups.push(g);
+            }
+        }
+        match p {
+            NIL => self.head[c] = n,
+            p => self.next[p as usize] = n,
+        }
+        match n {
+            NIL => self.tail[c] = p,
+            n => self.prev[n as usize] = p,
+        }
+        if self.head[c] == NIL {
+            self.nonempty &= !(1 << c);
+        }
+        self.group[i] = NIL;
+        self.len -= 1;
+    }
+
+    fn is_listed(&self, b: BlockId) -> bool {
+        self.group[b as usize] != NIL
+    }
+
+    /// The next victim: see the module docs.
+    fn victim(&self) -> Option<BlockId> {
+        let mut classes = self.nonempty;
+        let mut oldest: Option<(u32, BlockId)> = None;
+        while classes != 0 {
+            let c = classes.trailing_zeros() as usize;
+            classes &= classes - 1;
+            let b = self.head[c];
+            // Ties go to the lower class: a child's is never above its parent's.
+            if oldest.is_none_or(|(age, _)| self.age(b) > age) {
+                oldest = Some((self.age(b), b));
+            }
+        }
+        let (age, oldest) = oldest?;
+        if age > self.ages.horizon {
+            return Some(oldest);
+        }
+        let c = usize::from(
+            *self
+                .order
+                .iter()
+                .find(|&&c| self.nonempty & (1 << c) != 0)?,
+        );
+        let old = self.head[c];
+        if c == SHARED {
+            return Some(old);
+        }
+        let young = self.group_first[self.group[self.tail[c] as usize] as usize];
+        let later = self.ages.remaining(self.age(young)) > self.ages.remaining(self.age(old));
+        Some(if later { young } else { old })
+    }
+}
+
+impl EvictionPolicy for ReturnTime {
+    fn name(&self) -> &'static str {
+        "return_time"
+    }
+
+    fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
+        self.clock = self.clock.wrapping_add(1);
+        self.request_turns = 0;
+        self.request_cold = 2 * hit < hashes.len();
+        if self.request_cold {
+            Retention::Probation
+        } else {
+            Retention::Keep
+        }
+    }
+
+    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
+        let i = block as usize;
+        let fp = (hash.0 as u64) | 1;
+        self.fingerprint[i] = fp;
+        if let Some(last_use) = self.ghosts.take(fp) {
+            self.ages.record(self.clock.wrapping_sub(last_use));
+        }
+        self.cold[i] = retention == Retention::Probation;
+        self.hits[i] = 0;
+        self.revived_age[i] = NIL;
+        self.classify(block);
+    }
+
+    fn insert(&mut self, block: BlockId) {
+        self.revived_age[block as usize] = NIL;
+        self.push(block);
+    }
+
+    fn remove(&mut self, block: BlockId) {
+        self.unlink(block);
+        self.revived_age[block as usize] = self.age(block);
+    }
+
+    fn evict(&mut self) -> Option<BlockId> {
+        let b = self.victim()?;
+        self.unlink(b);
+        self.ghosts
+            .push(self.fingerprint[b as usize], self.released_at[b as usize]);
+        Some(b)
+    }
+
+    fn on_hit(&mut self, block: BlockId) {
+        let i = block as usize;
+        let age = std::mem::replace(&mut self.revived_age[i], NIL);
+        if age != NIL {
+            self.ages.record(age);
+        }
+        // A prefix cache's match renews the path before counting the hit.
+        let listed = self.is_listed(block);
+        if listed {
+            self.unlink(block);
+        }
+        self.hits[i] = self.hits[i].saturating_add(1).min(SHARED_HITS);
+        self.cold[i] = false;
+        if self.hits[i] < SHARED_HITS {
+            self.request_turns = self.request_turns.max(self.hits[i]);
+        }
+        self.classify(block);
+        if listed {
+            self.push(block);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+// The victim search reads every class's head through one 64-bit mask of
+// non-empty classes, and at most two candidates in one class: O(1).
+const _: () = assert!(CLASSES <= u64::BITS as usize);
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn hashes(first: u128, n: usize) -> Vec<BlockHash> {
+        (0..n as u128)
+            .map(|i| BlockHash((first + i) << 1))
+            .collect()
+    }
+
+    /// One request in the cache-only way: `path` holds its blocks, the
+    /// leading `hit` of them cached; new blocks come from `free` or victims.
+    /// Returns the victims.
+    fn request(
+        p: &mut ReturnTime,
+        path: &[(BlockHash, BlockId)],
+        hit: usize,
+        free: &mut Vec<BlockId>,
+    ) -> Vec<BlockId> {
+        let hs: Vec<BlockHash> = path.iter().map(|&(h, _)| h).collect();
+        let retention = p.on_request(&hs, hit);
+        for &(_, b) in &path[..hit] {
+            p.remove(b);
+            p.on_hit(b);
+        }
+        let mut victims = Vec::new();
+        for &(h, b) in &path[hit..] {
+            if let Some(i) = free.iter().position(|&f| f == b) {
+                free.swap_remove(i);
+            } else {
+                assert_eq!(p.evict(), Some(b), "the test names the victims");
+                victims.push(b);
+            }
+            p.on_store(b, h, retention);
+        }
+        for &(_, b) in path.iter().rev() {
+            p.insert(b);
+        }
+        victims
+    }
+
+    #[test]
+    fn a_cold_requests_new_blocks_go_before_a_warm_ones() {
+        let mut p = ReturnTime::new(8).unwrap();
+        let h = hashes(0, 4);
+        // Warm: 3 of 4 cached (stored by nobody here: a fresh policy).
+        assert_eq!(p.on_request(&h, 2), Retention::Keep);
+        p.on_store(0, h[0], Retention::Keep);
+        let cold = p.on_request(&hashes(10, 4), 1);
+        assert_eq!(cold, Retention::Probation);
+        p.on_store(1, hashes(10, 1)[0], cold);
+        p.insert(0);
+        p.insert(1);
+        assert_eq!((p.evict(), p.evict(), p.evict()), (Some(1), Some(0), None));
+    }
+
+    #[test]
+    fn a_chain_extended_more_often_goes_first() {
+        let mut p = ReturnTime::new(16).unwrap();
+        let mut free: Vec<BlockId> = (0..16).collect();
+        let long: Vec<(BlockHash, BlockId)> = hashes(0, 3).into_iter().zip(0..3).collect();
+        let short: Vec<(BlockHash, BlockId)> = hashes(100, 2).into_iter().zip(3..5).collect();
+        request(&mut p, &long[..1], 0, &mut free);
+        request(&mut p, &long[..2], 1, &mut free);
+        request(&mut p, &long, 2, &mut free); // extended twice: 2 turns
+        request(&mut p, &short[..1], 0, &mut free);
+        request(&mut p, &short, 1, &mut free); // once
+                                               // Before any return is seen, each class goes oldest group first,
+                                               // deepest first: the twice-extended chain before the newer one.
+        let order: Vec<BlockId> = std::iter::from_fn(|| p.evict()).collect();
+        assert_eq!(order, [2, 1, 0, 4, 3]);
+    }
+
+    #[test]
+    fn returns_long_after_release_make_the_young_group_go_first() {
+        let mut p = ReturnTime::new(64).unwrap();
+        // Teach it that blocks come back 200 requests after their release.
+        for round in 0..RELEARN_PERIOD as u128 {
+            let h = BlockHash(round << 1);
+            p.on_store(0, h, Retention::Keep);
+            p.insert(0);
+            for _ in 0..200 {
+                p.on_request(&[], 0);
+            }
+            p.remove(0);
+            p.on_hit(0);
+            p.forget(0);
+        }
+        assert!(
+            p.ages.horizon > 200 && p.ages.horizon < 400,
+            "{}",
+            p.ages.horizon
+        );
+        // Two groups of one class: released 150 requests apart.
+        let mut free: Vec<BlockId> = (1..64).collect();
+        let old: Vec<(BlockHash, BlockId)> = hashes(5000, 2).into_iter().zip(1..3).collect();
+        let young: Vec<(BlockHash, BlockId)> = hashes(6000, 2).into_iter().zip(3..5).collect();
+        request(&mut p, &old, 0, &mut free);
+        for _ in 0..150 {
+            p.on_request(&[], 0);
+        }
+        request(&mut p, &young, 0, &mut free);
+        // The old group is due back in about 50 requests, the young one in
+        // 200: the young one goes first, deepest block first.
+        assert_eq!(p.evict(), Some(4));
+        assert_eq!(p.evict(), Some(3));
+        // Past the horizon, a block goes first whatever its class.
+        for _ in 0..400 {
+            p.on_request(&[], 0);
+        }
+        assert_eq!(p.evict(), Some(2));
+    }
+
+    #[test]
+    fn a_stored_hash_that_was_evicted_records_its_return_age() {
+        let mut p = ReturnTime::new(4).unwrap();
+        let h = BlockHash(42 << 1);
+        p.on_store(0, h, Retention::Keep);
+        p.insert(0);
+        assert_eq!(p.evict(), Some(0));
+        for _ in 0..7 {
+            p.on_request(&[], 0);
+        }
+        p.on_store(1, h, Retention::Keep);
+        assert_eq!(p.ages.total, 1);
+        assert_eq!(p.ages.counts[bucket_of(7)], 1);
+    }
+
+    #[test]
+    fn a_block_hit_16_times_is_shared_and_goes_last() {
+        let mut p = ReturnTime::new(4).unwrap();
+        p.on_store(0, BlockHash(2), Retention::Keep);
+        for _ in 0..SHARED_HITS {
+            p.on_request(&[], 0);
+            p.on_hit(0);
+        }
+        assert_eq!(usize::from(p.class[0]), SHARED);
+        p.insert(0);
+        p.on_request(&hashes(9, 1), 0);
+        p.on_store(1, BlockHash(4), Retention::Probation);
+        p.insert(1);
+        assert_eq!((p.evict(), p.evict()), (Some(1), Some(0)));
+    }
+
+    #[test]
+    fn age_buckets_cover_every_age_in_order() {
+        let mut last = 0;
+        for age in (0..5000).chain([u32::MAX / 2, u32::MAX]) {
+            let b = bucket_of(age);
+            assert!(b >= last && b < AGE_BUCKETS);
+            assert!(
+                u64::from(age) <= bucket_end(b) || b == AGE_BUCKETS - 1,
+                "{age}"
+            );
+            last = b;
+        }
+    }
+
+    proptest! {
+        /// Conversations over their own chains (no two share a block): any
+        /// sequence of turns, each extending its chain by the tokens it
+        /// cached, evicts every block at most once, only while evictable,
+        /// and never a block whose child is cached.
+        #[test]
+        fn children_go_before_parents(
+            turns in prop::collection::vec((0..6usize, 1..4usize), 1..120),
+        ) {
+            const N: usize = 12;
+            let mut p = ReturnTime::new(N).unwrap();
+            let mut free: Vec<BlockId> = (0..N as BlockId).collect();
+            // Each conversation's chain of hashes; cached: hash -> block.
+            let mut chains: Vec<Vec<BlockHash>> = vec![Vec::new(); 6];
+            let mut cached: BTreeMap<BlockHash, BlockId> = BTreeMap::new();
+            let mut parent: BTreeMap<BlockId, Option<BlockId>> = BTreeMap::new();
+            for (conv, grow) in turns {
+                let chain = &mut chains[conv];
+                for _ in 0..grow {
+                    chain.push(BlockHash(((conv as u128) << 32 | chain.len() as u128) << 1));
+                }
+                if chain.len() > N {
+                    chain.truncate(N);
+                }
+                let hs = chain.clone();
+                let hit = hs.iter().take_while(|h| cached.contains_key(h)).count();
+                let retention = p.on_request(&hs, hit);
+                let mut path: Vec<BlockId> = Vec::new();
+                for h in &hs[..hit] {
+                    let b = cached[h];
+                    p.remove(b);
+                    p.on_hit(b);
+                    path.push(b);
+                }
+                for h in &hs[hit..] {
+                    let b = match free.pop() {
+                        Some(b) => b,
+                        None => {
+                            let Some(v) = p.evict() else { break };
+                            prop_assert!(!path.contains(&v), "evicted a held block");
+                            let children: BTreeSet<BlockId> = parent
+                                .iter()
+                                .filter(|&(_, &pa)| pa == Some(v))
+                                .map(|(&c, _)| c)
+                                .collect();
+                            prop_assert!(children.is_empty(), "evicted {v} before its children {children:?}");
+                            cached.retain(|_, &mut b| b != v);
+                            parent.remove(&v);
+                            v
+                        }
+                    };
+                    if cached.contains_key(h) {
+                        // Cached past a miss: this copy stays unhashed.
+                        free.push(b);
+                        break;
+                    }
+                    p.on_store(b, *h, retention);
+                    cached.insert(*h, b);
+                    parent.insert(b, path.last().copied());
+                    path.push(b);
+                }
+                for &b in path.iter().rev() {
+                    p.insert(b);
+                }
+                prop_assert_eq!(p.len(), cached.len());
+            }
+        }
+    }
+}
