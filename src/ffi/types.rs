@@ -488,7 +488,7 @@ mod tests {
         }
         let err = dtype_from(4).unwrap_err();
         assert_eq!(err.status, MlaStatus::InvalidConfig);
-        assert!(eviction_from(4).is_err());
+        assert!(eviction_from(EvictionPolicyKind::ALL.len() as u32).is_err());
         for k in BlockHashKind::ALL {
             assert_eq!(
                 block_hash_from(MlaBlockHashKind::from(k) as u32).unwrap(),
