@@ -324,8 +324,20 @@ impl EvictionPolicy for OnceReused {
 
     fn on_hit(&mut self, block: BlockId) {
         debug_assert_ne!(self.class[block as usize], Class::Uncached);
+        // A prefix cache's match renews the path (the newest release) before
+        // counting the hit, so an evictable block moves to the back of the
+        // list its new classes name, which keeps every list in release order.
+        let before = self.list_of(block);
+        let listed = self.lists[before].contains(block);
+        if listed {
+            self.lists[before].remove(block);
+        }
         self.set_class(block, Class::Reused);
         self.kept[block as usize] = true;
+        if listed {
+            let after = self.list_of(block);
+            self.lists[after].push_back(block);
+        }
     }
 
     fn forget(&mut self, block: BlockId) {
