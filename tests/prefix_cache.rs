@@ -160,6 +160,27 @@ fn lru_evicts_children_before_parents_and_a_match_renews_a_path() {
 }
 
 #[test]
+fn every_policy_evicts_a_matched_chain_leaf_first() {
+    for kind in EvictionPolicyKind::ALL {
+        let c = cache_with(16, |c| c.eviction = kind);
+        c.insert(&toks(0..12), &none(), &[0, 1, 2]).unwrap();
+        // Matches count hits, which reclassify the blocks under every policy
+        // but LRU; the chain must still leave from its leaf.
+        for _ in 0..2 {
+            assert_eq!(c.match_prefix(&toks(0..12), &none()).num_tokens, 12);
+        }
+        assert_eq!(c.evict(1), [2], "{kind}");
+        assert_eq!(
+            c.match_prefix(&toks(0..12), &none()).num_tokens,
+            8,
+            "{kind}"
+        );
+        assert_eq!(c.evict(2), [1, 0], "{kind}");
+        ok(&c);
+    }
+}
+
+#[test]
 fn every_policy_keeps_pinned_and_locked_blocks_through_a_flood() {
     for kind in EvictionPolicyKind::ALL {
         let c = cache_with(16, |c| c.eviction = kind);

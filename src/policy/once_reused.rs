@@ -324,9 +324,10 @@ impl EvictionPolicy for OnceReused {
 
     fn on_hit(&mut self, block: BlockId) {
         debug_assert_ne!(self.class[block as usize], Class::Uncached);
-        // A prefix cache's match renews the path (the newest release) before
-        // counting the hit, so an evictable block moves to the back of the
-        // list its new classes name, which keeps every list in release order.
+        // The prefix cache takes a path out of the order before counting its
+        // hits; a caller that does not finds the block at the back of the
+        // list its new classes name, released now, so every list stays in
+        // release order.
         let before = self.list_of(block);
         let listed = self.lists[before].contains(block);
         if listed {
@@ -335,8 +336,7 @@ impl EvictionPolicy for OnceReused {
         self.set_class(block, Class::Reused);
         self.kept[block as usize] = true;
         if listed {
-            let after = self.list_of(block);
-            self.lists[after].push_back(block);
+            self.insert(block);
         }
     }
 

@@ -446,7 +446,8 @@ impl EvictionPolicy for ReturnTime {
         if age != NIL {
             self.ages.record(age);
         }
-        // A prefix cache's match renews the path before counting the hit.
+        // The prefix cache takes a path out of the order before counting its
+        // hits; a caller that does not finds the block reclassified in place.
         let listed = self.is_listed(block);
         if listed {
             self.unlink(block);

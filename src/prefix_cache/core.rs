@@ -408,6 +408,28 @@ impl CacheState {
             }
         }
     }
+
+    /// Counts a hit on each block of `path` (a chain from its root) and
+    /// renews it as [`touch`](Self::touch) does: the evictable blocks leave
+    /// the policy's order, take their hits root first (as a request's
+    /// admission counts them), and come back deepest first, so a policy that
+    /// reclassifies a hit block still finds each more recent than every
+    /// block below it.
+    pub(crate) fn hit_path(&mut self, path: &[BlockId]) {
+        for &b in path {
+            if self.is_evictable(b) {
+                self.policy.remove(b);
+            }
+        }
+        for &b in path {
+            self.policy.on_hit(b);
+        }
+        for &b in path.iter().rev() {
+            if self.is_evictable(b) {
+                self.policy.insert(b);
+            }
+        }
+    }
 }
 
 /// A random hash seed, from the standard library's per-process random keys.

@@ -206,10 +206,7 @@ impl PrefixCache {
             .chain(tokens, &self.prefixes.hasher.digest(keys));
         let mut st = self.state.lock();
         let block_ids = self.prefixes.lookup(tokens, &hashes, usize::MAX);
-        st.touch(&block_ids);
-        for &b in &block_ids {
-            st.policy.on_hit(b);
-        }
+        st.hit_path(&block_ids);
         let num_tokens = block_ids.len() * self.config.block_size;
         st.stats.prefix_query_tokens += tokens.len() as u64;
         st.stats.prefix_hit_tokens += num_tokens as u64;
