@@ -10,7 +10,16 @@ use crate::error::{Error, Result};
 ///
 /// The byte layouts are exact; see `docs/formats.md` (also the [`crate::codec`] docs).
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, strum::IntoStaticStr, strum::EnumCount,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+    strum::VariantArray,
 )]
 #[strum(serialize_all = "snake_case")]
 #[repr(C)]
@@ -29,13 +38,12 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    /// Every format, in order of decreasing size.
-    pub const ALL: [Dtype; <Dtype as strum::EnumCount>::COUNT] = [
-        Dtype::Bf16,
-        Dtype::Fp8DsMla,
-        Dtype::Mxfp6,
-        Dtype::Nvfp4DsMla,
-    ];
+    /// Every format, in declaration order (of decreasing size): strum's
+    /// `VARIANTS` as an array.
+    pub const ALL: [Dtype; <Dtype as strum::EnumCount>::COUNT] =
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
 
     /// The format's name as used by the CLI, Python and C surfaces.
     pub fn name(self) -> &'static str {

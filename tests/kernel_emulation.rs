@@ -351,6 +351,57 @@ fn gather_decodes_codes_the_encoder_never_writes() {
     }
 }
 
+/// The block copies the copy tests launch: (source, destination).
+const COPY_PAIRS: [(BlockId, BlockId); 3] = [(1, 7), (0, 3), (11, 2)];
+
+/// Three layers of random bytes, `stride` apart from a 16-byte aligned
+/// base (as device allocations are), and a copy of them as they were.
+struct RandomLayers {
+    memory: Vec<u8>,
+    before: Vec<u8>,
+    offset: usize,
+    stride: usize,
+}
+
+impl RandomLayers {
+    fn new(stride: usize, seed: u64) -> Self {
+        let mut rng = rng(seed);
+        let memory: Vec<u8> = (0..stride * 3 + 16)
+            .map(|_| rand::Rng::gen(&mut rng))
+            .collect();
+        let offset = memory.as_ptr().align_offset(16);
+        Self {
+            before: memory.clone(),
+            memory,
+            offset,
+            stride,
+        }
+    }
+
+    /// The aligned base address the kernels write through.
+    fn base(&mut self) -> u64 {
+        self.memory[self.offset..].as_mut_ptr() as u64
+    }
+
+    /// Asserts that the memory holds what it held before, with each pair
+    /// of [`COPY_PAIRS`] copied in every layer (blocks `block_bytes` long).
+    fn assert_copied(&self, block_bytes: usize, what: &str) {
+        let mut expected = self.before.clone();
+        for layer in 0..3 {
+            let start = self.offset + layer * self.stride;
+            for &(src, dst) in &COPY_PAIRS {
+                let s = start + src as usize * block_bytes;
+                let d = start + dst as usize * block_bytes;
+                expected.copy_within(s..s + block_bytes, d);
+            }
+        }
+        assert!(
+            self.memory == expected,
+            "{what}: bytes differ from the expected copy"
+        );
+    }
+}
+
 #[test]
 fn copy_blocks_copies_every_layer() {
     let emu = emulator_or_skip!();
@@ -359,33 +410,13 @@ fn copy_blocks_copies_every_layer() {
         config.num_layers = 3;
         config.num_blocks = 12;
         let bpt = config.bytes_per_token_per_layer();
-        let layer_bytes = config.num_tokens() * bpt;
-        let stride = layer_bytes.next_multiple_of(256);
-        let mut rng = rng(9);
-        let mut memory: Vec<u8> = (0..stride * 3 + 16)
-            .map(|_| rand::Rng::gen(&mut rng))
-            .collect();
-        // 16-byte aligned base, as device allocations are.
-        let offset = memory.as_ptr().align_offset(16);
-        let base = memory[offset..].as_mut_ptr() as u64;
-        let before = memory.clone();
-        let pairs = [(1, 7), (0, 3), (11, 2)];
-        for launch in cuda::copy_blocks_launches(&config, base, stride, &pairs).unwrap() {
+        let stride = (config.num_tokens() * bpt).next_multiple_of(256);
+        let mut layers = RandomLayers::new(stride, 9);
+        let base = layers.base();
+        for launch in cuda::copy_blocks_launches(&config, base, stride, &COPY_PAIRS).unwrap() {
             run(emu, launch);
         }
-        let block_bytes = config.block_size * bpt;
-        let mut expected = before.clone();
-        for layer in 0..3 {
-            for &(src, dst) in &pairs {
-                let s = offset + layer * stride + src as usize * block_bytes;
-                let d = offset + layer * stride + dst as usize * block_bytes;
-                expected.copy_within(s..s + block_bytes, d);
-            }
-        }
-        assert!(
-            memory == expected,
-            "copy_blocks {dtype}: bytes differ from the expected copy"
-        );
+        layers.assert_copied(config.block_size * bpt, &format!("copy_blocks {dtype}"));
         // Chunks of more than one launch.
         let many: Vec<(BlockId, BlockId)> = (0..6).map(|i| (i, i + 6)).collect();
         assert_eq!(
@@ -565,32 +596,18 @@ fn indexer_copy_blocks_copies_every_layer() {
     config.num_blocks = 12;
     let block_bytes = config.block_size * 132;
     let stride = (config.num_blocks * block_bytes).next_multiple_of(256);
-    let mut rng = rng(10);
-    let mut memory: Vec<u8> = (0..stride * 3 + 16)
-        .map(|_| rand::Rng::gen(&mut rng))
-        .collect();
-    let offset = memory.as_ptr().align_offset(16);
-    let base = memory[offset..].as_mut_ptr() as u64;
-    let before = memory.clone();
-    let pairs = [(1, 7), (0, 3), (11, 2)];
-    for launch in cuda::indexer_copy_blocks_launches(&config, base, stride, &pairs).unwrap() {
+    let mut layers = RandomLayers::new(stride, 10);
+    let base = layers.base();
+    for launch in cuda::indexer_copy_blocks_launches(&config, base, stride, &COPY_PAIRS).unwrap() {
         run(emu, launch);
     }
-    let mut expected = before;
-    for layer in 0..3 {
-        for &(src, dst) in &pairs {
-            let s = offset + layer * stride + src as usize * block_bytes;
-            let d = offset + layer * stride + dst as usize * block_bytes;
-            expected.copy_within(s..s + block_bytes, d);
-        }
-    }
-    assert!(memory == expected, "indexer copy_blocks: bytes differ");
+    layers.assert_copied(block_bytes, "indexer copy_blocks");
     let plain = CacheConfig {
         indexer: None,
         ..config
     };
     assert!(
-        cuda::indexer_copy_blocks_launches(&plain, base, stride, &pairs)
+        cuda::indexer_copy_blocks_launches(&plain, base, stride, &COPY_PAIRS)
             .unwrap()
             .is_empty()
     );

@@ -7,7 +7,17 @@ use half::{bf16, f16};
 use super::minifloat::bf16_bits_from_f32;
 
 /// Element type of an input or output tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumCount)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+    strum::VariantArray,
+)]
 #[strum(serialize_all = "snake_case")]
 #[repr(C)]
 pub enum ElemType {
@@ -20,9 +30,12 @@ pub enum ElemType {
 }
 
 impl ElemType {
-    /// Every element type.
+    /// Every element type, in declaration order: strum's `VARIANTS` as an
+    /// array.
     pub const ALL: [ElemType; <ElemType as strum::EnumCount>::COUNT] =
-        [ElemType::Bf16, ElemType::F16, ElemType::F32];
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
 
     /// Bytes per element.
     pub fn size(self) -> usize {

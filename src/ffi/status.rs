@@ -17,7 +17,9 @@ pub const MLA_CACHE_VERSION_PATCH: u32 = 0;
 
 /// Outcome of a call. Every value but `MLA_STATUS_OK` comes with a message
 /// from `mla_last_error()`, and means the call changed nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::VariantArray,
+)]
 #[strum(
     serialize_all = "SCREAMING_SNAKE_CASE",
     prefix = "MLA_STATUS_",
@@ -72,29 +74,11 @@ pub enum MlaStatus {
 }
 
 impl MlaStatus {
-    const ALL: [MlaStatus; <MlaStatus as strum::EnumCount>::COUNT] = [
-        MlaStatus::Ok,
-        MlaStatus::NullPointer,
-        MlaStatus::InvalidHandle,
-        MlaStatus::InvalidArgument,
-        MlaStatus::InvalidUtf8,
-        MlaStatus::InvalidConfig,
-        MlaStatus::BufferTooSmall,
-        MlaStatus::OutOfBlocks,
-        MlaStatus::RequestTooLarge,
-        MlaStatus::UnknownRequest,
-        MlaStatus::DuplicateRequest,
-        MlaStatus::EmptyInput,
-        MlaStatus::InvalidBlock,
-        MlaStatus::PinBudgetExceeded,
-        MlaStatus::NotPinned,
-        MlaStatus::BlocksInUse,
-        MlaStatus::Storage,
-        MlaStatus::Unsupported,
-        MlaStatus::Internal,
-        MlaStatus::Panic,
-        MlaStatus::OutOfMemory,
-    ];
+    /// Every status, in declaration order: strum's `VARIANTS` as an array.
+    const ALL: [MlaStatus; <MlaStatus as strum::EnumCount>::COUNT] =
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
 
     /// The constant's name as spelled in the header, NUL-terminated.
     fn name(self) -> &'static str {
