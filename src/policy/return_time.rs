@@ -187,7 +187,7 @@ impl ReturnAges {
 #[derive(Debug)]
 struct Ghosts {
     entries: Vec<u64>,
-    stamps: Vec<u32>,
+    stamps: Vec<Stamp>,
     mask: usize,
 }
 
@@ -196,7 +196,7 @@ impl Ghosts {
         let len = num_blocks.max(1).saturating_mul(2).next_power_of_two();
         Ok(Self {
             entries: filled(len, 0, "the policy's ghost table")?,
-            stamps: filled(len, 0, "the policy's ghost table")?,
+            stamps: filled(len, Stamp(0), "the policy's ghost table")?,
             mask: len - 1,
         })
     }
@@ -210,9 +210,9 @@ impl Ghosts {
         (fp >> 32) | 1
     }
 
-    /// Remembers that `fp`, last used at `clock`, was evicted; `stamp`
-    /// is its [`Stamp`].
-    fn push(&mut self, fp: u64, clock: u32, stamp: u32) {
+    /// Remembers that `fp`, last used at `clock` and released as `stamp`
+    /// says, was evicted.
+    fn push(&mut self, fp: u64, clock: u32, stamp: Stamp) {
         let slot = self.slot(fp);
         self.entries[slot] = Self::tag(fp) << 32 | u64::from(clock);
         self.stamps[slot] = stamp;
@@ -220,7 +220,7 @@ impl Ghosts {
 
     /// When `fp` was last used and its stamp, if it is remembered (and
     /// forgets it).
-    fn take(&mut self, fp: u64) -> Option<(u32, u32)> {
+    fn take(&mut self, fp: u64) -> Option<(u32, Stamp)> {
         let slot = self.slot(fp);
         let e = self.entries[slot];
         (e >> 32 == Self::tag(fp)).then(|| {
@@ -231,23 +231,24 @@ impl Ghosts {
 }
 
 /// A block's release, packed in 32 bits: whether it was cold (the top bit)
-/// and the number of releases before it (31 bits, wrapping).
-struct Stamp;
+/// and the number of releases made by then (31 bits, wrapping).
+#[derive(Debug, Clone, Copy)]
+struct Stamp(u32);
 
 impl Stamp {
     const COUNT: u32 = u32::MAX >> 1;
 
-    fn new(cold: bool, releases: u32) -> u32 {
-        u32::from(cold) << 31 | releases & Self::COUNT
+    fn new(cold: bool, releases: u32) -> Self {
+        Self(u32::from(cold) << 31 | releases & Self::COUNT)
     }
 
-    fn cold(stamp: u32) -> bool {
-        stamp >> 31 != 0
+    fn cold(self) -> bool {
+        self.0 >> 31 != 0
     }
 
-    /// Releases since the stamped one, when `releases` have been made.
-    fn since(stamp: u32, releases: u32) -> u64 {
-        u64::from(releases.wrapping_sub(stamp) & Self::COUNT)
+    /// Releases since this one, when `releases` have been made.
+    fn since(self, releases: u32) -> u64 {
+        u64::from(releases.wrapping_sub(self.0) & Self::COUNT)
     }
 }
 
@@ -308,8 +309,8 @@ pub(crate) struct ReturnTime {
     /// reused since from the parent itself.
     stored: Vec<u32>,
     stores: u32,
-    /// The block's [`Stamp`] at its last release.
-    stamp: Vec<u32>,
+    /// The block's last release.
+    stamp: Vec<Stamp>,
     releases: u32,
     /// Whether cold blocks go first, from how often each kind returns near.
     near: NearReturns,
@@ -354,7 +355,7 @@ impl ReturnTime {
             parent_stored: filled(num_blocks, 0, "the policy's chains")?,
             stored: filled(num_blocks, 0, "the policy's chains")?,
             stores: 0,
-            stamp: filled(num_blocks, 0, "the policy's clocks")?,
+            stamp: filled(num_blocks, Stamp(0), "the policy's clocks")?,
             releases: 0,
             near: NearReturns::new(num_blocks),
             request_hit: 0,
@@ -441,10 +442,9 @@ impl ReturnTime {
         self.group[b as usize] != NIL
     }
 
-    /// A block whose stamp is `stamp` came back.
-    fn returned(&mut self, stamp: u32) {
-        let since = Stamp::since(stamp, self.releases);
-        self.near.returned(Stamp::cold(stamp), since);
+    /// A block released as `stamp` says came back.
+    fn returned(&mut self, stamp: Stamp) {
+        self.near.returned(stamp.cold(), stamp.since(self.releases));
     }
 
     /// `b` leaves the cache: its parent, if still cached, has one child fewer.
