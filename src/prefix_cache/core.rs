@@ -116,6 +116,18 @@ impl Prefixes {
         out
     }
 
+    /// [`Prefixes::chain_of`] of tokens the caller owns, hashed in place
+    /// (`tokens` end as they started).
+    pub(crate) fn chain_in_place(&self, tokens: &mut [TokenId], keys: &KeyDigest) -> Chain {
+        let mut out = Chain::default();
+        if self.settings.enabled {
+            let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
+            self.hasher
+                .extend_chain_in_place(tokens, keys, usize::MAX, &mut out, &mut buf);
+        }
+        out
+    }
+
     /// Block `i`'s tokens, when the index verifies tokens.
     pub(crate) fn verify<'t>(&self, tokens: &'t [TokenId], i: usize) -> Option<&'t [TokenId]> {
         let bs = self.settings.block_size;
