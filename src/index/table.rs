@@ -166,7 +166,7 @@ impl Table {
 /// A prefetch of the cache line at `p` into every cache level, where the
 /// target has an instruction for it; nothing elsewhere.
 #[inline(always)]
-fn prefetch_line(p: *const i8) {
+pub(crate) fn prefetch_line(p: *const i8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and reads nothing into the program;
     // SSE is part of the x86_64 baseline.
