@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
+use xxhash_rust::const_xxh3::const_custom_default_secret;
+use xxhash_rust::xxh3::{xxh3_128_with_secret, xxh3_128_with_seed, xxh3_64_with_seed};
 
 use crate::config::BlockHashKind;
 use crate::engine_hash::{self, EngineDigest};
@@ -173,6 +174,10 @@ impl Chain {
 #[derive(Debug, Clone)]
 pub(crate) struct Hasher {
     seed: u64,
+    /// xxh3's secret for `seed`, derived once: a seeded xxh3 of more than
+    /// [`XXH3_MID_MAX`] bytes is its hash under this secret, which it would
+    /// otherwise derive on every call.
+    secret: [u8; 192],
     root: BlockHash,
     block_size: usize,
     kind: BlockHashKind,
@@ -202,6 +207,7 @@ impl Hasher {
         let root = BlockHash(xxh3_128_with_seed(b"mla_cache root", seed));
         Self {
             seed,
+            secret: const_custom_default_secret(seed),
             root,
             block_size,
             kind,
@@ -253,7 +259,16 @@ impl Hasher {
                 buf.extend_from_slice(&(first as u64).to_le_bytes());
             }
         }
-        BlockHash(xxh3_128_with_seed(buf, self.seed))
+        self.xxh3(buf)
+    }
+
+    /// `xxh3_128_with_seed(bytes, seed)`, with the seed's secret derived once.
+    fn xxh3(&self, bytes: &[u8]) -> BlockHash {
+        BlockHash(if bytes.len() > XXH3_MID_MAX {
+            xxh3_128_with_secret(bytes, &self.secret)
+        } else {
+            xxh3_128_with_seed(bytes, self.seed)
+        })
     }
 
     /// Appends to `chain` the hashes of full blocks `chain.hashes.len()..`
@@ -278,7 +293,56 @@ impl Hasher {
             out.push(self.block(parent, i, block, keys, buf));
         }
     }
+
+    /// [`Hasher::extend_chain`] of tokens the caller owns: a block after the
+    /// first, when nothing but its tokens follows the parent hash (no
+    /// adapter, no multimodal input), is hashed where it lies, the parent
+    /// written over the four tokens before it for the duration of the hash
+    /// (then put back) instead of the block being copied behind it. The
+    /// hashes are [`Hasher::extend_chain`]'s; `tokens` end as they started.
+    pub(crate) fn extend_chain_in_place(
+        &self,
+        tokens: &mut [TokenId],
+        keys: &KeyDigest,
+        limit: usize,
+        chain: &mut Chain,
+        buf: &mut Vec<u8>,
+    ) {
+        let bs = self.block_size;
+        let in_place = cfg!(target_endian = "little")
+            && bs >= PARENT_TOKENS
+            && keys.engine.is_none()
+            && keys.adapter.is_none()
+            && keys.mm.is_empty();
+        let full = (tokens.len() / bs).min(limit);
+        if !in_place || full == 0 {
+            return self.extend_chain(tokens, keys, limit, chain, buf);
+        }
+        // The first block (salted, perhaps) has no tokens before it.
+        self.extend_chain(&tokens[..bs], keys, 1, chain, buf);
+        let out = &mut chain.hashes;
+        out.reserve(full.saturating_sub(out.len()));
+        for i in out.len()..full {
+            let window = &mut tokens[i * bs - PARENT_TOKENS..(i + 1) * bs];
+            let (head, _) = window.split_at_mut(PARENT_TOKENS);
+            let saved: [TokenId; PARENT_TOKENS] = (&*head).try_into().expect("4 tokens");
+            let parent = out[i - 1].0.to_le_bytes();
+            for (t, b) in head.iter_mut().zip(parent.chunks_exact(4)) {
+                *t = TokenId::from_le_bytes(b.try_into().expect("4 bytes"));
+            }
+            let hash = self.xxh3(le_bytes(window));
+            window[..PARENT_TOKENS].copy_from_slice(&saved);
+            out.push(hash);
+        }
+    }
 }
+
+/// Tokens a parent hash covers in place (16 bytes).
+const PARENT_TOKENS: usize = 4;
+
+/// The longest input xxh3 hashes without its secret's full length (its
+/// "mid-size" path, which mixes the seed in directly).
+const XXH3_MID_MAX: usize = 240;
 
 impl Hasher {
     /// [`Hasher::extend_chain`] for vLLM's kinds. A 16-byte digest is the
@@ -330,17 +394,20 @@ impl Hasher {
 /// Appends the tokens' little-endian bytes.
 fn extend_le(buf: &mut Vec<u8>, tokens: &[TokenId]) {
     #[cfg(target_endian = "little")]
-    {
-        // SAFETY: u32 has no padding and any byte is a valid u8; the slice
-        // covers exactly the tokens' memory.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
-        };
-        buf.extend_from_slice(bytes);
-    }
+    buf.extend_from_slice(le_bytes(tokens));
     #[cfg(not(target_endian = "little"))]
     for t in tokens {
         buf.extend_from_slice(&t.to_le_bytes());
+    }
+}
+
+/// The tokens' memory as bytes: their little-endian bytes on a
+/// little-endian machine (the only one that calls it).
+fn le_bytes(tokens: &[TokenId]) -> &[u8] {
+    // SAFETY: u32 has no padding and any byte is a valid u8; the slice
+    // covers exactly the tokens' memory.
+    unsafe {
+        std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
     }
 }
 
@@ -435,6 +502,54 @@ mod tests {
             assert_eq!(
                 cut.hashes, whole,
                 "{kind}: a prefix regrows as a truncated chain does"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Hashing owned tokens in place gives the copying chain's hashes,
+        /// whatever the block size (below and above xxh3's mid-size limit),
+        /// keys, kind and start, and leaves the tokens as they were.
+        #[test]
+        fn hashing_in_place_equals_hashing_copies(
+            tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 0..700),
+            block_size in 1usize..=80,
+            key in 0usize..4,
+            kind in 0usize..BlockHashKind::ALL.len(),
+            start in 0usize..4,
+            limit in 0usize..20,
+        ) {
+            let keys = match key {
+                0 => ExtraKeys::default(),
+                1 => ExtraKeys::salt("s"),
+                2 => ExtraKeys::adapter("a"),
+                _ => ExtraKeys {
+                    mm: vec![MultiModalKey { hash: "i".into(), offset: 0, length: 1 }],
+                    ..ExtraKeys::default()
+                },
+            };
+            let h = Hasher::with_kind(BlockHashKind::ALL[kind], "seed", 9, block_size);
+            let digest = h.digest(&keys);
+            let mut copied = Chain::default();
+            h.extend_chain(&tokens, &digest, start, &mut copied, &mut Vec::new());
+            let mut in_place = copied.clone();
+            h.extend_chain(&tokens, &digest, limit, &mut copied, &mut Vec::new());
+            let mut owned = tokens.clone();
+            h.extend_chain_in_place(&mut owned, &digest, limit, &mut in_place, &mut Vec::new());
+            proptest::prop_assert_eq!(in_place.hashes, copied.hashes);
+            proptest::prop_assert_eq!(owned, tokens);
+        }
+    }
+
+    #[test]
+    fn the_seeds_secret_hashes_as_the_seed_does() {
+        let h = Hasher::new(0x5eed, 64);
+        for len in [0, 1, 16, 17, 128, 129, 240, 241, 272, 300, 1024, 1025] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            assert_eq!(
+                h.xxh3(&bytes).0,
+                xxh3_128_with_seed(&bytes, 0x5eed),
+                "{len} bytes"
             );
         }
     }

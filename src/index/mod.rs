@@ -12,6 +12,7 @@ mod table;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+pub(crate) use self::table::prefetch_line;
 use self::table::Table;
 use crate::hash::BlockHash;
 use crate::ids::{BlockId, TokenId};

@@ -156,20 +156,23 @@ impl BlockManager {
         tokens: &[TokenId],
         opts: &AdmitOptions,
     ) -> Result<Admission> {
-        let prompt = self.prepare(tokens, opts)?;
-        self.admit_checked(id, Cow::Borrowed(tokens), opts, Cow::Owned(prompt))
+        // The request keeps a copy of its tokens: made first, it is also
+        // the buffer the chain is hashed in.
+        self.admit_vec(id, tokens.to_vec(), opts)
     }
 
-    /// [`BlockManager::admit`] of a prompt the caller owns: its tokens move
-    /// into the request instead of being copied (the bindings' path).
-    #[cfg(feature = "python")]
+    /// [`BlockManager::admit`] of a prompt the caller owns: its tokens are
+    /// hashed in place and move into the request instead of being copied
+    /// (the bindings' path).
     pub(crate) fn admit_vec(
         &self,
         id: RequestId,
-        tokens: Vec<TokenId>,
+        mut tokens: Vec<TokenId>,
         opts: &AdmitOptions,
     ) -> Result<Admission> {
-        let prompt = self.prepare(&tokens, opts)?;
+        let (needed, keys) = self.check_prompt(tokens.len(), opts)?;
+        let chain = self.prefixes.chain_in_place(&mut tokens, &keys);
+        let prompt = self.prompt(tokens.len(), keys, chain, needed);
         self.admit_checked(id, Cow::Owned(tokens), opts, Cow::Owned(prompt))
     }
 
@@ -262,13 +265,24 @@ impl BlockManager {
         opts: &AdmitOptions,
         hashes: Option<&[BlockHash]>,
     ) -> Result<Prompt> {
-        if tokens.is_empty() {
+        let (needed, keys) = self.check_prompt(tokens.len(), opts)?;
+        let chain = match hashes {
+            Some(h) if self.config.enable_prefix_caching => Chain::from_hashes(h.to_vec()),
+            Some(_) => Chain::default(),
+            None => self.prefixes.chain_of(tokens, &keys),
+        };
+        Ok(self.prompt(tokens.len(), keys, chain, needed))
+    }
+
+    /// Checks a prompt of `len` tokens under `opts`: the blocks it needs
+    /// and its key digest.
+    fn check_prompt(&self, len: usize, opts: &AdmitOptions) -> Result<(usize, KeyDigest)> {
+        if len == 0 {
             return Err(Error::EmptyInput(
                 "a request needs at least one prompt token",
             ));
         }
-        let slots = tokens
-            .len()
+        let slots = len
             .checked_add(opts.decode_slots)
             .ok_or_else(|| Error::InvalidArgument("prompt + decode slots overflow".into()))?;
         let needed = self.blocks_for(slots);
@@ -278,25 +292,24 @@ impl BlockManager {
                 total: self.config.num_blocks,
             });
         }
-        opts.keys.check(tokens.len())?;
-        let keys = self.prefixes.hasher.digest(&opts.keys);
-        let chain = match hashes {
-            Some(h) if self.config.enable_prefix_caching => Chain::from_hashes(h.to_vec()),
-            Some(_) => Chain::default(),
-            None => self.prefixes.chain_of(tokens, &keys),
-        };
+        opts.keys.check(len)?;
+        Ok((needed, self.prefixes.hasher.digest(&opts.keys)))
+    }
+
+    /// The checked prompt of `len` tokens with its `chain`.
+    fn prompt(&self, len: usize, keys: KeyDigest, chain: Chain, needed: usize) -> Prompt {
         let hit_limit = if self.config.cap_hit_at_last_token {
-            (tokens.len() - 1) / self.config.block_size
+            (len - 1) / self.config.block_size
         } else {
             chain.hashes.len()
         };
-        Ok(Prompt {
+        Prompt {
             keys: Arc::new(keys),
             chain,
             hit_limit,
             needed,
             caller_hashed: false,
-        })
+        }
     }
 
     /// [`BlockManager::admit`] of a prompt that [`BlockManager::prepare`]

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Chain, Hasher, KeyDigest};
 use crate::ids::{BlockId, TokenId};
-use crate::index::{IndexWriter, PrefixIndex};
+use crate::index::{prefetch_line, IndexWriter, PrefixIndex};
 use crate::policy::{EvictionPolicy, Retention};
 use crate::stats::CacheStats;
 
@@ -112,6 +112,18 @@ impl Prefixes {
             let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
             self.hasher
                 .extend_chain(tokens, keys, usize::MAX, &mut out, &mut buf);
+        }
+        out
+    }
+
+    /// [`Prefixes::chain_of`] of tokens the caller owns, hashed in place
+    /// (`tokens` end as they started).
+    pub(crate) fn chain_in_place(&self, tokens: &mut [TokenId], keys: &KeyDigest) -> Chain {
+        let mut out = Chain::default();
+        if self.settings.enabled {
+            let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
+            self.hasher
+                .extend_chain_in_place(tokens, keys, usize::MAX, &mut out, &mut buf);
         }
         out
     }
@@ -251,16 +263,27 @@ impl Prefixes {
         /// Victims between a bucket's prefetch and its removal.
         const AHEAD: usize = 8;
         let start = out.len();
-        let mut victims = std::mem::take(&mut st.victims);
-        victims.clear();
-        while victims.len() < n {
+        while out.len() - start < n {
             let Some(b) = st.policy.evict() else {
                 break;
             };
+            out.push(b);
+        }
+        // Each victim's slot (where its hash is) is prefetched a few
+        // victims ahead of its read, as its bucket is ahead of its removal.
+        let taken = &out[start..];
+        for &b in taken.iter().take(AHEAD) {
+            prefetch_slot(&st.slots, b);
+        }
+        let mut victims = std::mem::take(&mut st.victims);
+        victims.clear();
+        for (i, &b) in taken.iter().enumerate() {
+            if let Some(&next) = taken.get(i + AHEAD) {
+                prefetch_slot(&st.slots, next);
+            }
             let slot = &mut st.slots[b as usize];
             let hash = slot.hash.take().expect("evictable blocks are hashed");
             victims.push((b, hash, slot.shard));
-            out.push(b);
         }
         for &(_, hash, shard) in victims.iter().take(AHEAD) {
             index.prefetch(shard, hash);
@@ -429,6 +452,16 @@ impl CacheState {
                 self.policy.insert(b);
             }
         }
+    }
+}
+
+/// Asks the processor to bring block `b`'s slot into cache (a hint): both
+/// lines a 48-byte slot may straddle.
+fn prefetch_slot(slots: &[Slot], b: BlockId) {
+    if let Some(slot) = slots.get(b as usize) {
+        let first: *const Slot = slot;
+        prefetch_line(first.cast());
+        prefetch_line(first.wrapping_add(1).cast::<i8>().wrapping_sub(1));
     }
 }
 

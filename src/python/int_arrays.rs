@@ -223,17 +223,23 @@ fn from_buffer<O: Target>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option
     Ok(None)
 }
 
-/// `values` converted to `O`: one range check over all of them (an error
-/// names the first value out of range), then one converting copy; both
-/// loops are branch-free, so the compiler vectorizes them.
+/// `values` converted to `O`: one pass that copies them and checks their
+/// range together (branch-free, so the compiler vectorizes it; the values,
+/// a prompt that is usually not in cache, are read once); an error names
+/// the first value out of range.
 fn convert<T, O>(values: &[T], what: &str) -> PyResult<Vec<O>>
 where
     T: Elem,
     O: Target + TryFrom<T>,
 {
-    let in_range = values
+    let mut in_range = true;
+    let out = values
         .iter()
-        .fold(true, |ok, &v| ok & O::try_from(v).is_ok());
+        .map(|&v| {
+            in_range &= O::try_from(v).is_ok();
+            O::cast(v)
+        })
+        .collect();
     if !in_range {
         let (i, v) = values
             .iter()
@@ -242,7 +248,7 @@ where
             .expect("a value is out of range");
         return Err(out_of_range::<O>(v, i, what));
     }
-    Ok(values.iter().map(|&v| O::cast(v)).collect())
+    Ok(out)
 }
 
 /// The integer types arrays and buffers hold.
