@@ -877,5 +877,8 @@ class VllmManagerBase:
         """Always empty."""
     def take_events(self) -> list[Any]:
         """Events since the last call (empty unless events are on)."""
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Counts an admission's hit in ``prefix_cache_stats``; nothing without
+        ``log_stats``, while caching is off or when the request skips the lookup."""
     def make_prefix_cache_stats(self) -> Any:
         """The prefix-cache stats since the last call; ``None`` without ``log_stats``."""

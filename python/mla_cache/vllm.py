@@ -409,7 +409,8 @@ class KVCacheManager(VllmManagerBase):
     a waiting or preempted request's admission with its prefix hit, a
     running request's counter check, growth, commit; ``get_computed_blocks``,
     ``get_blocks``, ``get_block_ids``, ``free``, ``cache_blocks``,
-    ``take_events``, ``make_prefix_cache_stats``, ``usage``, the per-step
+    ``take_events``, ``make_prefix_cache_stats``,
+    ``record_prefix_cache_stats``, ``usage``, the per-step
     hand-offs) are the native base class's (``VllmManagerBase``): no Python
     frame of the adapter's. Like vLLM's own manager, it is driven from the
     scheduler's thread.
@@ -556,18 +557,6 @@ class KVCacheManager(VllmManagerBase):
     def manager(self) -> BlockManager:
         """The block manager (its ids are vLLM's minus one)."""
         return self._manager
-
-    # ----- stats -------------------------------------------------------------
-
-    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        """Counts an admission that found ``num_hits`` tokens cached; nothing
-        while caching is off or the request skips the lookup."""
-        if self.log_stats and self.prefix_cache_lookup_enabled(request):
-            self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens,
-                num_hits=num_hits,
-                preempted=request.num_preemptions > 0,
-            )
 
     # ----- lookups -----------------------------------------------------------
 

@@ -419,7 +419,14 @@ def test_prefix_cache_stats_split_preempted_requests():
     s = m.make_prefix_cache_stats()
     assert (s.requests, s.queries, s.hits) == (1, 9, 0)
     assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 9, 8)
+    # A request without vLLM's fields: an error, nothing counted.
+    with pytest.raises(AttributeError):
+        m.record_prefix_cache_stats(object(), 3)
+    assert m.prefix_cache_stats.requests == m.prefix_cache_stats.preempted_requests == 0
     assert make().make_prefix_cache_stats() is None
+    off = make(log_stats=True, enable_caching=False)
+    off.record_prefix_cache_stats(a, 0)
+    assert off.make_prefix_cache_stats().requests == 0
 
 
 def test_block_objects_and_results_behave_like_vllms():

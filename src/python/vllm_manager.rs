@@ -870,6 +870,36 @@ impl VllmManagerBase {
         slf.call_method0(intern!(slf.py(), "_take_events"))
     }
 
+    /// Counts an admission that found ``num_hits`` tokens cached in
+    /// ``prefix_cache_stats`` (its ``record``); nothing without
+    /// ``log_stats``, while caching is off or when the request skips the
+    /// lookup.
+    fn record_prefix_cache_stats(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_hits: i64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        {
+            let this = slf.try_borrow()?;
+            let st = this.state()?;
+            if !st.log_stats || !st.lookup_enabled(request)? {
+                return Ok(());
+            }
+        }
+        let preempted: i64 = request.getattr(intern!(py, "num_preemptions"))?.extract()?;
+        let args = PyDict::new(py);
+        args.set_item(
+            intern!(py, "num_tokens"),
+            request.getattr(intern!(py, "num_tokens"))?,
+        )?;
+        args.set_item(intern!(py, "num_hits"), num_hits)?;
+        args.set_item(intern!(py, "preempted"), preempted > 0)?;
+        slf.getattr(intern!(py, "prefix_cache_stats"))?
+            .call_method(intern!(py, "record"), (), Some(&args))?;
+        Ok(())
+    }
+
     /// The prefix-cache stats since the last call (``prefix_cache_stats``),
     /// starting a new period; ``None`` without ``log_stats``.
     fn make_prefix_cache_stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
