@@ -816,7 +816,7 @@ class VllmManagerBase:
         log_stats: bool,
         enable_kv_cache_events: bool,
         watermark_blocks: int = 0,
-        waiting_statuses: Sequence[Any] = (),
+        waiting_statuses: Sequence[Any] = ...,
     ) -> None:
         """Binds the block manager and vLLM's objects; a request whose
         ``status`` is one of ``waiting_statuses`` keeps ``watermark_blocks``
