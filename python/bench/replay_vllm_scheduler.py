@@ -13,7 +13,8 @@ vLLM's manager neither). Scheduler time is measured on an untimed manager;
 KV-manager time on a second run whose manager methods are wrapped with
 timers (the wrapper's own cost is included, the same for both; a second
 figure leaves out what the timer measures around an empty call, times the
-calls). Medians of ``--repeat`` rounds, the two managers alternating.
+calls). Medians of ``--repeat`` rounds, the two managers alternating, and
+the median of each round's own ratio (its two managers back to back).
 
 Run with the vLLM engine venv (see ``scripts/engine-venv.sh vllm``):
 
@@ -215,6 +216,12 @@ def main() -> None:
           f"{net['vllm'] / net['mla_cache']:.2f}x less CPU")
     print(f"  same schedule: {v['digest'] == m['digest']}; KV-manager {statistics.median(v['kv']) / statistics.median(m['kv']):.2f}x "
           f"less CPU; schedule+update {statistics.median(v['sched']) / statistics.median(m['sched']):.2f}x faster")
+    # Each round's own ratio (its two managers ran back to back), less
+    # exposed to a machine whose speed drifts between rounds.
+    kv_rounds = [a / b for a, b in zip(v["kv"], m["kv"])]
+    sched_rounds = [a / b for a, b in zip(v["sched"], m["sched"])]
+    print(f"  per round: KV-manager {', '.join(f'{x:.2f}x' for x in kv_rounds)} (median {statistics.median(kv_rounds):.2f}x); "
+          f"schedule+update {', '.join(f'{x:.2f}x' for x in sched_rounds)} (median {statistics.median(sched_rounds):.2f}x)")
     if v["digest"] != m["digest"]:
         sys.exit(1)
 

@@ -771,7 +771,7 @@ class TieredCache:
 @final
 class TrackedRequest:
     """What the vLLM adapter keeps of an admitted request (made by
-    ``VllmManagerBase._track``)."""
+    ``VllmManagerBase.allocate_slots`` when it admits one)."""
 
     @property
     def key(self) -> int:
@@ -815,9 +815,13 @@ class VllmManagerBase:
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
+        watermark_blocks: int = 0,
+        waiting_statuses: Sequence[Any] = ...,
     ) -> None:
-        """Binds the block manager and vLLM's objects; ``ValueError`` (nothing
-        bound) for a zero block size or fewer than two block objects."""
+        """Binds the block manager and vLLM's objects; a request whose
+        ``status`` is one of ``waiting_statuses`` keeps ``watermark_blocks``
+        free when admitted. ``ValueError`` (nothing bound) for a zero block
+        size, fewer than two block objects or a negative watermark."""
     @property
     def _requests(self) -> dict[str, TrackedRequest]:
         """Admitted requests by vLLM request id."""
@@ -827,18 +831,6 @@ class VllmManagerBase:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use, ``0.0 ..= 1.0`` (null block left out)."""
-    def _track(self, request_id: Any, key: int, blocks: list[Any], appended: int, cached_blocks: int) -> TrackedRequest:
-        """Starts tracking an admitted request; ``ValueError`` (nothing
-        tracked) for one already tracked or more cached blocks than blocks."""
-    def _take_new(self, tracked: TrackedRequest, block_ids: IntVectorLike) -> list[Any]:
-        """Appends freshly allocated blocks (block manager ids) to a tracked
-        request's table; ``ValueError`` (nothing changes) for an id outside
-        the cache."""
-    def _num_free_among(self, blocks: Iterable[Any]) -> int:
-        """How many of the hit's block objects no request holds; ``ValueError``
-        for the null block or an id outside the cache."""
-    def _cache(self, request: Any, tracked: TrackedRequest, num_tokens: int) -> None:
-        """Commits the request's hashed full blocks among its first ``num_tokens``."""
     def allocate_slots(
         self,
         request: Any,
@@ -854,8 +846,13 @@ class VllmManagerBase:
         has_scheduled_reqs: bool = True,
         skip_zeroing_group_ids: Any = None,
     ) -> Any:
-        """vLLM's ``allocate_slots``: a running request's step here (a
-        counter check until a block fills), admissions in ``_allocate_slots``."""
+        """vLLM's ``allocate_slots``: a waiting or preempted request's
+        admission with exactly its prefix hit, or a running request's step (a
+        counter check until a block fills); ``None`` (nothing changed) when
+        the blocks do not fit. ``ValueError`` (nothing changed) for nothing to
+        compute, encoder tokens, a new hit for a running request or a hit
+        that does not match its blocks; ``RuntimeError`` (nothing changed) if
+        the hit was evicted since ``get_computed_blocks``."""
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """Makes the request's hashed full blocks among its first
         ``num_computed_tokens`` tokens shareable."""
@@ -880,5 +877,8 @@ class VllmManagerBase:
         """Always empty."""
     def take_events(self) -> list[Any]:
         """Events since the last call (empty unless events are on)."""
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        """Counts an admission's hit in ``prefix_cache_stats``; nothing without
+        ``log_stats``, while caching is off or when the request skips the lookup."""
     def make_prefix_cache_stats(self) -> Any:
         """The prefix-cache stats since the last call; ``None`` without ``log_stats``."""

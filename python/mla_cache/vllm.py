@@ -54,7 +54,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ._native import BlockManager, CacheConfig, ExtraKeys, OutOfBlocks, TrackedRequest, VllmManagerBase
+from ._native import BlockManager, CacheConfig, ExtraKeys, VllmManagerBase
 from . import kv_events
 
 __all__ = [
@@ -205,6 +205,17 @@ def _blocks_class() -> type:
     except ImportError:
         return KVCacheBlocks
     return VllmBlocks
+
+
+def _waiting_statuses() -> Tuple[Any, ...]:
+    """vLLM's ``RequestStatus.WAITING`` and ``PREEMPTED`` (the statuses its
+    watermark applies to) when vLLM is installed; without vLLM no request
+    has them."""
+    try:
+        from vllm.v1.request import RequestStatus
+    except ImportError:
+        return ()
+    return (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 def _stats_class() -> type:
@@ -394,10 +405,12 @@ class KVCacheManager(VllmManagerBase):
     (``dcp_world_size``/``pcp_world_size`` > 1) and a ``hash_block_size``
     other than the block size are refused with ``ValueError``.
 
-    The calls the scheduler makes every step (a running request's whole
-    ``allocate_slots``: counter check, growth, commit; ``get_computed_blocks``,
+    The calls the scheduler makes every step (the whole ``allocate_slots``:
+    a waiting or preempted request's admission with its prefix hit, a
+    running request's counter check, growth, commit; ``get_computed_blocks``,
     ``get_blocks``, ``get_block_ids``, ``free``, ``cache_blocks``,
-    ``take_events``, ``make_prefix_cache_stats``, ``usage``, the per-step
+    ``take_events``, ``make_prefix_cache_stats``,
+    ``record_prefix_cache_stats``, ``usage``, the per-step
     hand-offs) are the native base class's (``VllmManagerBase``): no Python
     frame of the adapter's. Like vLLM's own manager, it is driven from the
     scheduler's thread.
@@ -505,9 +518,10 @@ class KVCacheManager(VllmManagerBase):
             use_eagle=use_eagle,
             log_stats=log_stats,
             enable_kv_cache_events=enable_kv_cache_events,
+            watermark_blocks=self.watermark_blocks,
+            waiting_statuses=_waiting_statuses(),
         )
         self._pending_free: set = set()
-        self._keys = itertools.count()
         self._loras: Dict[str, Tuple[str, int]] = {}
         self.block_pool = BlockPool(self)
         """vLLM's block pool face (KV connectors bind to it)."""
@@ -544,18 +558,6 @@ class KVCacheManager(VllmManagerBase):
         """The block manager (its ids are vLLM's minus one)."""
         return self._manager
 
-    # ----- stats -------------------------------------------------------------
-
-    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
-        """Counts an admission that found ``num_hits`` tokens cached; nothing
-        while caching is off or the request skips the lookup."""
-        if self.log_stats and self.prefix_cache_lookup_enabled(request):
-            self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens,
-                num_hits=num_hits,
-                preempted=request.num_preemptions > 0,
-            )
-
     # ----- lookups -----------------------------------------------------------
 
     def get_computed_blocks_for_connector(
@@ -568,72 +570,6 @@ class KVCacheManager(VllmManagerBase):
         """Tokens of the request in cached (committed) full blocks."""
         tracked = self._requests.get(request.request_id)
         return 0 if tracked is None else tracked.cached_blocks * self.block_size
-
-    # ----- allocation --------------------------------------------------------
-
-    def _allocate_slots(
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: Optional[KVCacheBlocks],
-        num_lookahead_tokens: int,
-        num_external_computed_tokens: int,
-        delay_cache_blocks: bool,
-        num_encoder_tokens: int,
-        full_sequence_must_fit: bool,
-        reserved_blocks: int,
-        has_scheduled_reqs: bool,
-        skip_zeroing_group_ids: Tuple[int, ...],
-    ) -> Optional[KVCacheBlocks]:
-        """``allocate_slots`` (the native base's) for a request that is not
-        running, and for the arguments vLLM refuses. Allocates slots for
-        ``num_new_tokens`` tokens to compute (and ``num_lookahead_tokens``
-        speculative ones) after the request's computed tokens, its new prefix hit (``num_new_computed_tokens``
-        tokens in ``new_computed_blocks``) and ``num_external_computed_tokens``
-        loaded by a KV connector. Returns the new blocks, or ``None`` (nothing
-        changed) when they do not fit in the free blocks less
-        ``reserved_blocks`` (and the watermark, for a waiting or preempted
-        request when ``has_scheduled_reqs``); with ``full_sequence_must_fit``
-        the whole sequence must fit too (checked, not reserved). Unless
-        ``delay_cache_blocks``, the blocks of the step's hashed tokens become
-        shareable. ``skip_zeroing_group_ids`` changes nothing (no zeroing).
-
-        Raises ``ValueError`` where vLLM does (nothing to compute or adopt)
-        and for encoder tokens; ``RuntimeError`` if the hit was evicted since
-        ``get_computed_blocks``."""
-        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
-            raise ValueError(
-                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
-            )
-        if num_encoder_tokens:
-            raise ValueError("encoder-decoder models are not supported (MLA models are decoder-only)")
-        total_computed = min(
-            request.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens,
-            self.max_model_len,
-        )
-        slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if request.request_id in self._requests:
-            # The native base runs every other step of a running request.
-            raise ValueError("a running request takes no new prefix hits")
-        watermark = 0
-        if has_scheduled_reqs and _is_waiting(request):
-            watermark = self.watermark_blocks
-        tracked, new = self._admit(
-            request,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            slots,
-            reserved_blocks + watermark,
-            watermark if full_sequence_must_fit else None,
-        )
-        if tracked is None:
-            return None
-        if not delay_cache_blocks:
-            self._cache(request, tracked, min(total_computed + num_new_tokens, request.num_tokens))
-        if not new:
-            return self.empty_kv_cache_blocks
-        return self._blocks_cls((new,))
 
     # ----- freeing -----------------------------------------------------------
 
@@ -719,59 +655,6 @@ class KVCacheManager(VllmManagerBase):
         held = len(tracked.blocks) if tracked is not None else len(hit)
         return max(-(-num_tokens // self.block_size) - held, 0)
 
-    def _admit(
-        self,
-        request: Any,
-        hit: int,
-        hit_blocks: Optional[KVCacheBlocks],
-        slots: int,
-        keep_free: int,
-        full_watermark: Optional[int],
-    ) -> Tuple[Optional[TrackedRequest], Optional[List[KVCacheBlock]]]:
-        """Admits a request with exactly the hit the scheduler accepted and
-        ``slots`` slots; ``(None, None)``, nothing touched, if fewer than
-        ``keep_free`` blocks would stay free (or, with ``full_watermark``,
-        the whole sequence would not fit above it)."""
-        bs = self.block_size
-        expected = [] if hit_blocks is None else list(hit_blocks.blocks[0])
-        if hit % bs or len(expected) * bs != hit:
-            raise ValueError(f"a hit of {hit} tokens does not match {len(expected)} blocks")
-        # One token past the hit, so the manager reuses exactly the hit.
-        head = hit + 1
-        n = hit // bs
-        need = -(-max(slots, head) // bs)
-        if need < self.num_blocks:
-            # vLLM's check, before anything changes: the new blocks and the
-            # hit's free ones must leave ``keep_free`` blocks free (a request
-            # larger than the cache goes on to the block manager's error).
-            free_after = self._manager.num_free_blocks - (need - n) - self._num_free_among(expected)
-            short = free_after < keep_free
-            if full_watermark is not None and not short:
-                whole = -(-min(request.num_tokens, self.max_model_len) // bs)
-                short = free_after < max(whole - need, 0) + full_watermark
-            if short:
-                return None, None
-        key = next(self._keys)
-        try:
-            admission = self._manager.admit(
-                key,
-                request.all_token_ids[:head],
-                decode_slots=max(slots, head) - head,
-                extra_keys=self._lora_keys(request),
-                chunked_prefill=True,
-                block_hashes=request.block_hashes[:n],
-            )
-        except OutOfBlocks:
-            return None, None
-        table = admission.block_ids.tolist()
-        if admission.num_cached_tokens != hit or [b + 1 for b in table[:n]] != [
-            b.block_id for b in expected
-        ]:
-            self._manager.free(key)
-            raise RuntimeError(f"request {request.request_id}: the prefix hit changed since get_computed_blocks")
-        tracked = self._track(request.request_id, key, list(expected), head, n)
-        return tracked, self._take_new(tracked, table[n:])
-
     def _release(self, key: int) -> None:
         """Frees a popped allocation (once)."""
         if key not in self._pending_free:
@@ -801,12 +684,6 @@ class KVCacheManager(VllmManagerBase):
         if adapter is None:
             return None, None
         return self._loras[adapter]
-
-
-def _is_waiting(request: Any) -> bool:
-    """Whether vLLM's watermark applies: the request waits or was preempted."""
-    status = getattr(request, "status", None)
-    return getattr(status, "name", None) in ("WAITING", "PREEMPTED")
 
 
 class _StandaloneConfig:

@@ -419,7 +419,14 @@ def test_prefix_cache_stats_split_preempted_requests():
     s = m.make_prefix_cache_stats()
     assert (s.requests, s.queries, s.hits) == (1, 9, 0)
     assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 9, 8)
+    # A request without vLLM's fields: an error, nothing counted.
+    with pytest.raises(AttributeError):
+        m.record_prefix_cache_stats(object(), 3)
+    assert m.prefix_cache_stats.requests == m.prefix_cache_stats.preempted_requests == 0
     assert make().make_prefix_cache_stats() is None
+    off = make(log_stats=True, enable_caching=False)
+    off.record_prefix_cache_stats(a, 0)
+    assert off.make_prefix_cache_stats().requests == 0
 
 
 def test_block_objects_and_results_behave_like_vllms():
@@ -592,21 +599,10 @@ def test_native_base_refuses_bad_arguments_and_changes_nothing():
     req = Request("a", list(range(9)))
     schedule_prefill(m, req)
     before = snapshot(m, req)
-    with pytest.raises(ValueError, match="already tracked"):
-        m._track("a", 99, [], 0, 0)
-    with pytest.raises(ValueError, match="cached blocks"):
-        m._track("b", 99, [], 0, 1)
-    assert "b" not in m._requests
-    with pytest.raises(ValueError, match="outside the cache"):
-        m._take_new(m._requests["a"], [5, 16])
-    with pytest.raises(TypeError):
-        m._take_new(m._requests["a"], ["5"])
-    held = m.get_blocks("a").blocks[0]
-    assert m._num_free_among(held) == 0
-    with pytest.raises(ValueError, match="not a cache block"):
-        m._num_free_among([m.block_pool.null_block])
     with pytest.raises(TypeError):
         m.allocate_slots(req, "1")
+    with pytest.raises(ValueError, match="no new prefix hits"):
+        m.allocate_slots(req, 1, BS, m.get_blocks("a"))
     with pytest.raises(TypeError):
         m.get_computed_blocks(req, max_cache_hit_length="8")
     with pytest.raises(AttributeError):
@@ -616,6 +612,87 @@ def test_native_base_refuses_bad_arguments_and_changes_nothing():
     assert m.take_new_block_ids() == [] and m.take_kv_cache_block_copies() == ([], [])
     assert m.take_boundary_state_offloads() == {} and m.take_events() == []
     assert m.make_prefix_cache_stats() is None and m.new_step_starts() is None
+
+
+def admission_state(m):
+    """What a failed admission must leave as it was."""
+    return (
+        sorted(m._requests.keys()),
+        m.manager.num_free_blocks,
+        m.manager.stats(),
+        [b.block_hash for b in m.block_pool.blocks],
+    )
+
+
+class _Block:
+    """A block object naming any block id."""
+
+    def __init__(self, block_id):
+        self.block_id = block_id
+
+
+def test_admission_refuses_bad_input_and_changes_nothing():
+    m = make()
+    a = Request("a", list(range(13)))
+    schedule_prefill(m, a)
+    m.free(a)  # three cached blocks, free
+    b = Request("b", list(range(12)) + [50, 51])
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12
+    before = admission_state(m)
+    n = b.num_tokens - hit
+    bad = [
+        (ValueError, "must be greater than 0", (b, 0)),
+        (ValueError, "encoder", (b, n, hit, blocks), {"num_encoder_tokens": 3}),
+        (ValueError, "does not match", (b, n, hit + BS, blocks)),
+        (ValueError, "does not match", (b, n, hit - 1, blocks)),
+        (ValueError, "does not match", (b, n, -BS, None)),
+        (ValueError, "not a cache block", (b, n, BS, KVCacheBlocks(([m.block_pool.null_block],)))),
+        (ValueError, "not a cache block", (b, n, BS, KVCacheBlocks(([_Block(17)],)))),
+        (TypeError, "must be a KVCacheBlocks", (b, n, hit, "not blocks")),
+        (TypeError, None, (b, n, BS, KVCacheBlocks(([_Block("1")],)))),
+        # Blocks that are not the hit: the block manager finds another one.
+        (RuntimeError, "prefix hit changed", (b, n, BS, KVCacheBlocks(([_Block(3)],)))),
+    ]
+    for case in bad:
+        error, match, args = case[0], case[1], case[2]
+        kw = case[3] if len(case) > 3 else {}
+        with pytest.raises(error, match=match):
+            m.allocate_slots(*args, **kw)
+        assert admission_state(m) == before, case
+    # Digests the block manager refuses, of the hit or past it.
+    for digests in ([b"short"] * 3, ["not bytes"] * 3, b.block_hashes[:3] + [b"short"]):
+        bd = BadDigests("b", list(b.all_token_ids) + [60, 61])
+        bd.digests = digests
+        with pytest.raises((TypeError, ValueError)):
+            m.allocate_slots(bd, bd.num_tokens - hit, hit, blocks)
+        assert admission_state(m) == before, digests
+    # The hit evicted since the lookup.
+    assert m.reset_prefix_cache()
+    before = admission_state(m)
+    with pytest.raises(RuntimeError, match="prefix hit changed"):
+        m.allocate_slots(b, n, hit, blocks)
+    assert admission_state(m) == before
+    m.manager._check_invariants()
+    # The same request, right, is admitted afterwards.
+    assert m.allocate_slots(b, b.num_tokens) is not None
+
+
+def test_a_refused_admission_counts_the_hits_free_blocks():
+    """vLLM's check: the new blocks and the hit's free ones must fit."""
+    m = make(num_blocks=6)
+    a = Request("a", list(range(13)))
+    schedule_prefill(m, a)
+    m.free(a)  # blocks 1-3 cached and free, 6 free in all
+    b = Request("b", list(range(12)) + list(range(100, 112)))
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12
+    before = admission_state(m)
+    # 3 new blocks (24 tokens) plus the 3 free hit blocks: 6, all there are.
+    assert m.allocate_slots(b, b.num_tokens - hit, hit, blocks, reserved_blocks=1) is None
+    assert admission_state(m) == before
+    new = m.allocate_slots(b, b.num_tokens - hit, hit, blocks)
+    assert sorted(new.get_block_ids()[0]) == [4, 5, 6] and m.manager.num_free_blocks == 0
 
 
 def test_an_unbound_native_base_raises_instead_of_crashing():

@@ -1,22 +1,23 @@
 //! `VllmManagerBase`: the native base class of `mla_cache.vllm.KVCacheManager`.
-//! The calls vLLM's scheduler makes every step (a running request's whole
-//! `allocate_slots`: counter check, growth, commit; `get_computed_blocks`,
+//! The calls vLLM's scheduler makes (the whole `allocate_slots`: a waiting
+//! or preempted request's admission with its prefix hit, a running
+//! request's counter check, growth and commit; `get_computed_blocks`,
 //! `get_blocks`, `free`, `cache_blocks`, the per-step hand-offs and stats)
 //! run here without a Python frame of the adapter's; the Python subclass
-//! keeps the rare paths (admission, deferred frees, event conversion) and
-//! calls back into this class for the shared pieces (`_track`, `_take_new`,
-//! `_cache`, `_num_free_among`).
+//! keeps deferred frees, event conversion and LoRA names.
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::digests;
 use super::errors;
-use super::int_arrays::{self, tokens};
+use super::extra_keys;
+use super::int_arrays::tokens;
 use super::manager::BlockManager;
-use crate::{manager, BlockHash, BlockId, Error, RequestId, TokenId};
+use crate::{manager, AdmitOptions, BlockHash, BlockId, Error, RequestId, TokenId};
 
 /// What the adapter keeps of an admitted request (its entry in
 /// ``KVCacheManager._requests``).
@@ -61,6 +62,11 @@ struct State {
     blocks_class: Py<PyAny>,
     stats_class: Py<PyAny>,
     requests: Py<PyDict>,
+    /// vLLM's `RequestStatus.WAITING` and `PREEMPTED` (the watermark's).
+    waiting_statuses: Vec<Py<PyAny>>,
+    watermark_blocks: i64,
+    /// The next admission's request id in the block manager.
+    next_key: AtomicU64,
     block_size: usize,
     max_model_len: usize,
     reprefillable: usize,
@@ -107,20 +113,29 @@ impl State {
         tracked: &Bound<'_, Tracked>,
         num_tokens: i64,
     ) -> PyResult<()> {
-        let held = tracked.try_borrow()?.blocks.bind(request.py()).len();
-        match self.plan_commit(request, tracked, num_tokens, held)? {
+        let (cached, appended, held) = {
+            let t = tracked.try_borrow()?;
+            (
+                t.cached_blocks,
+                t.appended,
+                t.blocks.bind(request.py()).len(),
+            )
+        };
+        match self.plan_commit(request, cached, appended, num_tokens, held)? {
             Some(commit) => self.apply_commit(tracked, commit),
             None => Ok(()),
         }
     }
 
-    /// What `cache` would commit once the request holds `held` blocks,
-    /// read and checked (digests, tokens) without changing anything; `None`
-    /// when no block more is full and hashed.
+    /// What `cache` would commit of a request with `cached` blocks committed
+    /// and `appended` tokens handed over once it holds `held` blocks, read
+    /// and checked (digests, tokens) without changing anything; `None` when
+    /// no block more is full and hashed.
     fn plan_commit<'py>(
         &self,
         request: &Bound<'py, PyAny>,
-        tracked: &Bound<'py, Tracked>,
+        cached: usize,
+        appended: usize,
         num_tokens: i64,
         held: usize,
     ) -> PyResult<Option<Commit<'py>>> {
@@ -133,10 +148,6 @@ impl State {
         let digests = digests
             .cast_into::<PyList>()
             .map_err(|_| PyTypeError::new_err("request.block_hashes must be a list of bytes"))?;
-        let (cached, appended) = {
-            let t = tracked.try_borrow()?;
-            (t.cached_blocks, t.appended)
-        };
         // Never past the slots held: tokens only fill room already allocated.
         let upto_tokens = usize::try_from(num_tokens - self.reprefillable as i64).unwrap_or(0);
         let full = upto_tokens.min(digests.len() * bs).min(held * bs) / bs;
@@ -239,9 +250,10 @@ impl State {
             .extract()?;
         let total_computed = (computed + num_external_computed_tokens).min(max_len);
         let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
-        let (held, key, next_cache) = {
+        let (held, key, next_cache, cached, appended) = {
             let t = tracked.try_borrow()?;
-            (t.blocks.bind(py).len() as i64, t.key, t.next_cache)
+            let held = t.blocks.bind(py).len() as i64;
+            (held, t.key, t.next_cache, t.cached_blocks, t.appended)
         };
         let need = (slots + bs - 1).div_euclid(bs) - held;
         // The commit is planned (digests and tokens checked) before the
@@ -250,7 +262,7 @@ impl State {
         let commit = if !delay && upto >= next_cache as i64 {
             let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
             let held_after = (held + need.max(0)) as usize;
-            self.plan_commit(request, tracked, upto.min(total), held_after)?
+            self.plan_commit(request, cached, appended, upto.min(total), held_after)?
         } else {
             None
         };
@@ -291,11 +303,210 @@ impl State {
             self.apply_commit(tracked, commit)?;
         }
         match new {
-            Some(blocks) if !blocks.is_empty() => {
-                Ok(Some(self.blocks_class.bind(py).call1(((blocks,),))?))
-            }
-            _ => Ok(Some(self.empty.bind(py).clone())),
+            Some(blocks) => Ok(Some(self.result(&blocks)?)),
+            None => Ok(Some(self.empty.bind(py).clone())),
         }
+    }
+
+    /// Starts tracking an admitted request: ``blocks`` (its block objects,
+    /// ``cached_blocks`` of them committed), ``appended`` tokens given to
+    /// the block manager under ``key``; its ``view`` is a ``KVCacheBlocks``
+    /// over ``blocks``.
+    fn track<'py>(
+        &self,
+        request_id: &Bound<'py, PyAny>,
+        key: RequestId,
+        blocks: Bound<'py, PyList>,
+        appended: usize,
+        cached_blocks: usize,
+    ) -> PyResult<Bound<'py, Tracked>> {
+        let py = request_id.py();
+        let view = self.blocks_class.bind(py).call1(((&blocks,),))?.unbind();
+        let tracked = Bound::new(
+            py,
+            Tracked {
+                key,
+                blocks: blocks.unbind(),
+                appended,
+                cached_blocks,
+                next_cache: self.next_cache(cached_blocks),
+                view,
+            },
+        )?;
+        self.requests.bind(py).set_item(request_id, &tracked)?;
+        Ok(tracked)
+    }
+
+    /// The block manager's id of a vLLM block object (its ``block_id``
+    /// less one): ``ValueError`` for the null block or an id outside the
+    /// cache.
+    fn cache_block_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<BlockId> {
+        let id: usize = obj.getattr(intern!(obj.py(), "block_id"))?.extract()?;
+        match id.checked_sub(1) {
+            Some(b) if id < self.block_objs.bind(obj.py()).len() => Ok(b as BlockId),
+            _ => Err(PyValueError::new_err(format!(
+                "block id {id} is not a cache block"
+            ))),
+        }
+    }
+
+    /// Whether vLLM's watermark applies to the request: it is waiting or
+    /// was preempted (its ``status`` is one of those members).
+    fn is_waiting(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = request.py();
+        Ok(match request.getattr_opt(intern!(py, "status"))? {
+            Some(status) => self.waiting_statuses.iter().any(|s| status.is(s.bind(py))),
+            None => false,
+        })
+    }
+
+    /// Admits a request that is not running with exactly the hit the
+    /// scheduler accepted (``hit`` tokens in ``hit_blocks``, a
+    /// ``KVCacheBlocks`` or ``None``) and ``slots`` slots, then commits its
+    /// hashed full blocks among the first ``commit_upto`` tokens (``None``:
+    /// no commit); returns its new block objects, or ``None``, nothing
+    /// touched, when fewer than ``keep_free`` blocks would stay free (the
+    /// hit's free blocks counted as taken, as vLLM counts them) or, with
+    /// ``full_watermark``, the whole sequence would not fit above it.
+    /// Everything is read and checked first: ``ValueError`` / ``TypeError``
+    /// (nothing changed) for a hit that does not match its blocks or digests
+    /// the block manager refuses, ``RuntimeError`` (nothing changed) if the
+    /// hit is no longer cached since ``get_computed_blocks``.
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'py>(
+        &self,
+        owner: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+        request_id: &Bound<'py, PyAny>,
+        hit: i64,
+        hit_blocks: Option<&Bound<'py, PyAny>>,
+        slots: i64,
+        keep_free: i64,
+        full_watermark: Option<i64>,
+        commit_upto: Option<i64>,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let py = request.py();
+        let bs = self.block_size as i64;
+        let expected = match hit_blocks {
+            Some(blocks) if !blocks.is_none() => {
+                let group = blocks
+                    .getattr(intern!(py, "blocks"))
+                    .and_then(|groups| groups.get_item(0))
+                    .map_err(|_| {
+                        PyTypeError::new_err("new_computed_blocks must be a KVCacheBlocks")
+                    })?;
+                PyList::new(py, group.try_iter()?.collect::<PyResult<Vec<_>>>()?)?
+            }
+            _ => PyList::empty(py),
+        };
+        if hit < 0 || hit % bs != 0 || expected.len() as i64 * bs != hit {
+            return Err(PyValueError::new_err(format!(
+                "a hit of {hit} tokens does not match {} blocks",
+                expected.len()
+            )));
+        }
+        let hit_ids = expected
+            .iter()
+            .map(|obj| self.cache_block_id(&obj))
+            .collect::<PyResult<Vec<_>>>()?;
+        let core = self.core();
+        // One token past the hit, so the manager reuses exactly the hit.
+        let head = hit as usize + 1;
+        let n = hit_ids.len();
+        let need = (slots.max(head as i64) + bs - 1) / bs;
+        if need < self.block_objs.bind(py).len() as i64 {
+            // vLLM's check: the new blocks and the hit's free ones must leave
+            // ``keep_free`` blocks free (a request larger than the cache goes
+            // on to the block manager's error).
+            let mut free_hit = 0;
+            for &b in &hit_ids {
+                free_hit += i64::from(core.ref_count(b).map_err(errors::to_py)? == 0);
+            }
+            let free_after = core.num_free_blocks() as i64 - (need - n as i64) - free_hit;
+            let mut short = free_after < keep_free;
+            if let (Some(watermark), false) = (full_watermark, short) {
+                let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+                let whole = (total.min(self.max_model_len as i64) + bs - 1) / bs;
+                short = free_after < (whole - need).max(0) + watermark;
+            }
+            if short {
+                return Ok(None);
+            }
+        }
+        let all = request.getattr(intern!(py, "all_token_ids"))?;
+        let prompt = tokens(&all.get_item(PySlice::new(py, 0, head as isize, 1))?)?;
+        let digests = request.getattr(intern!(py, "block_hashes"))?;
+        let hashes =
+            digests::block_hashes(core, &digests.get_item(PySlice::new(py, 0, n as isize, 1))?)?;
+        let found = core
+            .match_hashes(hashes.iter().copied())
+            .map_err(errors::to_py)?;
+        let still_cached = |ids: &[BlockId]| ids.get(..n) == Some(&hit_ids[..]);
+        if !still_cached(&found.block_ids) {
+            return Err(PyRuntimeError::new_err(format!(
+                "request {request_id}: the prefix hit changed since get_computed_blocks"
+            )));
+        }
+        let held = need.max(0) as usize;
+        let commit = match commit_upto {
+            Some(upto) => self.plan_commit(request, n, head, upto, held)?,
+            None => None,
+        };
+        let keys = match request.getattr_opt(intern!(py, "lora_request"))? {
+            Some(lora) if !lora.is_none() => {
+                let keys = owner.call_method1(intern!(py, "_lora_keys"), (request,))?;
+                extra_keys::extract(Some(&keys), None)?
+            }
+            _ => Default::default(),
+        };
+        let opts = AdmitOptions {
+            decode_slots: slots.max(head as i64) as usize - head,
+            keys,
+            chunked_prefill: true,
+        };
+        let key = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let admission = match core.admit_hashed(key, &prompt, &hashes, &opts) {
+            Ok(a) => a,
+            Err(Error::OutOfBlocks { .. }) => return Ok(None),
+            Err(e) => return Err(errors::to_py(e)),
+        };
+        let undo = |e: PyErr| {
+            self.unadmit(request_id, key);
+            e
+        };
+        if admission.num_cached_tokens != hit as usize || !still_cached(&admission.block_ids) {
+            return Err(undo(PyRuntimeError::new_err(format!(
+                "request {request_id}: the prefix hit changed since get_computed_blocks"
+            ))));
+        }
+        let tracked = self
+            .track(request_id, key, expected, head, n)
+            .map_err(undo)?;
+        let new = self
+            .take_new(&tracked, &admission.block_ids[n..])
+            .map_err(undo)?;
+        if let Some(commit) = commit {
+            self.apply_commit(&tracked, commit).map_err(undo)?;
+        }
+        Ok(Some(new))
+    }
+
+    /// Takes back an admission that failed after the block manager took it:
+    /// frees its blocks and forgets its entry.
+    fn unadmit(&self, request_id: &Bound<'_, PyAny>, key: RequestId) {
+        // The adapter's own request, just admitted: freeing it cannot fail,
+        // and its entry is absent when tracking failed.
+        let _ = self.core().free(key);
+        let _ = self.requests.bind(request_id.py()).del_item(request_id);
+    }
+
+    /// The result of an ``allocate_slots`` that took ``new`` blocks.
+    fn result<'py>(&self, new: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
+        let py = new.py();
+        if new.is_empty() {
+            return Ok(self.empty.bind(py).clone());
+        }
+        self.blocks_class.bind(py).call1(((new,),))
     }
 
     /// Whether a prefix lookup runs for the request.
@@ -338,9 +549,12 @@ impl VllmManagerBase {
     /// Binds the block manager and vLLM's objects: ``block_objs`` (one block
     /// object per vLLM block id, the null block 0 first), the shared empty
     /// ``KVCacheBlocks``, the ``KVCacheBlocks`` and prefix-cache stats
-    /// classes. ``ValueError`` (nothing bound) for a zero block size or fewer
-    /// than two blocks.
-    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events))]
+    /// classes; ``waiting_statuses`` (vLLM's ``RequestStatus.WAITING`` and
+    /// ``PREEMPTED``: a request whose ``status`` is one of them keeps
+    /// ``watermark_blocks`` free when admitted beside scheduled ones).
+    /// ``ValueError`` (nothing bound) for a zero block size, fewer than two
+    /// blocks or a negative watermark.
+    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events, watermark_blocks = 0, waiting_statuses = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn _bind(
         &mut self,
@@ -357,7 +571,14 @@ impl VllmManagerBase {
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
+        watermark_blocks: i64,
+        waiting_statuses: Vec<Py<PyAny>>,
     ) -> PyResult<()> {
+        if watermark_blocks < 0 {
+            return Err(PyValueError::new_err(
+                "watermark_blocks must be non-negative",
+            ));
+        }
         if block_size == 0 {
             return Err(PyValueError::new_err("block_size must be positive"));
         }
@@ -373,6 +594,9 @@ impl VllmManagerBase {
             blocks_class,
             stats_class,
             requests: PyDict::new(py).unbind(),
+            waiting_statuses,
+            watermark_blocks,
+            next_key: AtomicU64::new(0),
             block_size,
             max_model_len,
             reprefillable: num_reprefillable_tokens,
@@ -403,105 +627,26 @@ impl VllmManagerBase {
         Ok(self.state()?.core().usage())
     }
 
-    /// Starts tracking an admitted request: ``blocks`` (its block objects,
-    /// ``cached_blocks`` of them committed), ``appended`` tokens given to the
-    /// block manager under ``key``; its ``view`` is a ``KVCacheBlocks`` over
-    /// ``blocks``. ``ValueError`` (nothing tracked) for a request already
-    /// tracked or more cached blocks than blocks.
-    fn _track(
-        &self,
-        request_id: &Bound<'_, PyAny>,
-        key: RequestId,
-        blocks: Bound<'_, PyList>,
-        appended: usize,
-        cached_blocks: usize,
-    ) -> PyResult<Py<Tracked>> {
-        let py = request_id.py();
-        let st = self.state()?;
-        let requests = st.requests.bind(py);
-        if requests.contains(request_id)? {
-            return Err(PyValueError::new_err(format!(
-                "request {request_id} is already tracked"
-            )));
-        }
-        if cached_blocks > blocks.len() {
-            return Err(PyValueError::new_err(format!(
-                "{cached_blocks} cached blocks of {} blocks",
-                blocks.len()
-            )));
-        }
-        let view = st.blocks_class.bind(py).call1(((&blocks,),))?.unbind();
-        let tracked = Py::new(
-            py,
-            Tracked {
-                key,
-                blocks: blocks.unbind(),
-                appended,
-                cached_blocks,
-                next_cache: st.next_cache(cached_blocks),
-                view,
-            },
-        )?;
-        requests.set_item(request_id, &tracked)?;
-        Ok(tracked)
-    }
-
-    /// Appends freshly allocated blocks (``block_ids``: block manager ids, a
-    /// list or an int array) to a tracked request's table and returns their
-    /// block objects, marked uncached. ``ValueError`` (nothing changes) for
-    /// an id outside the cache.
-    fn _take_new<'py>(
-        &self,
-        tracked: &Bound<'py, Tracked>,
-        block_ids: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let ids = int_arrays::block_ids(block_ids)?;
-        self.state()?.take_new(tracked, &ids)
-    }
-
-    /// How many of ``blocks`` (vLLM block objects, a prefix hit) no request
-    /// holds: the hit blocks an admission takes from the free blocks, as
-    /// vLLM counts them. ``ValueError`` for the null block or an id outside
-    /// the cache.
-    fn _num_free_among(&self, blocks: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let py = blocks.py();
-        let st = self.state()?;
-        let core = st.core();
-        let mut free = 0;
-        for obj in blocks.try_iter()? {
-            let id: usize = obj?.getattr(intern!(py, "block_id"))?.extract()?;
-            let block = id
-                .checked_sub(1)
-                .and_then(|b| u32::try_from(b).ok())
-                .ok_or_else(|| {
-                    PyValueError::new_err(format!("block id {id} is not a cache block"))
-                })?;
-            if core.ref_count(block).map_err(errors::to_py)? == 0 {
-                free += 1;
-            }
-        }
-        Ok(free)
-    }
-
-    /// Makes the full blocks among the request's first ``num_tokens`` tokens
-    /// that vLLM has hashed shareable (``tracked`` is its entry).
-    fn _cache(
-        &self,
-        request: &Bound<'_, PyAny>,
-        tracked: &Bound<'_, Tracked>,
-        num_tokens: i64,
-    ) -> PyResult<()> {
-        self.state()?.cache(request, tracked, num_tokens)
-    }
-
     /// Allocates slots for ``num_new_tokens`` tokens to compute (and
-    /// ``num_lookahead_tokens`` speculative ones), as vLLM's manager does.
-    /// A running request's step runs here: its table grows to the step's
-    /// slots when they need blocks (``None`` when they do not fit in the
-    /// free blocks less ``reserved_blocks``, nothing changed), the step's
-    /// hashed full blocks are committed unless ``delay_cache_blocks``, and
-    /// the new blocks (or the shared empty result) come back. Admissions and
-    /// bad arguments go to ``KVCacheManager._allocate_slots``.
+    /// ``num_lookahead_tokens`` speculative ones) after the request's
+    /// computed tokens, its new prefix hit (``num_new_computed_tokens``
+    /// tokens in ``new_computed_blocks``) and ``num_external_computed_tokens``
+    /// loaded by a KV connector, as vLLM's manager does. A request that is
+    /// not running is admitted with exactly that hit; a running one's table
+    /// grows to the step's slots when they need blocks (until a block fills,
+    /// a counter check). Returns the new blocks (or the shared empty
+    /// result), or ``None`` (nothing changed) when they do not fit in the
+    /// free blocks less ``reserved_blocks`` (and, for a waiting or preempted
+    /// request when ``has_scheduled_reqs``, the watermark; an admission
+    /// counts the hit's free blocks as taken); with ``full_sequence_must_fit``
+    /// the whole sequence must fit too (checked, not reserved). Unless
+    /// ``delay_cache_blocks``, the blocks of the step's hashed tokens become
+    /// shareable. ``skip_zeroing_group_ids`` changes nothing (no zeroing).
+    ///
+    /// ``ValueError`` (nothing changed) where vLLM raises (nothing to
+    /// compute or adopt), for encoder tokens, a new hit for a running
+    /// request or a hit that does not match its blocks; ``RuntimeError``
+    /// (nothing changed) if the hit was evicted since ``get_computed_blocks``.
     #[pyo3(signature = (request, num_new_tokens, num_new_computed_tokens = 0, new_computed_blocks = None, num_lookahead_tokens = 0, num_external_computed_tokens = 0, delay_cache_blocks = false, num_encoder_tokens = 0, full_sequence_must_fit = false, reserved_blocks = 0, has_scheduled_reqs = true, skip_zeroing_group_ids = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
@@ -519,46 +664,73 @@ impl VllmManagerBase {
         has_scheduled_reqs: bool,
         skip_zeroing_group_ids: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = skip_zeroing_group_ids;
         let py = slf.py();
-        if num_encoder_tokens == 0
-            && num_new_computed_tokens == 0
-            && (num_new_tokens != 0 || num_external_computed_tokens != 0)
+        let this = slf.try_borrow()?;
+        let st = this.state()?;
+        let none = || py.None().into_bound(py);
+        if num_new_tokens == 0 && num_new_computed_tokens == 0 && num_external_computed_tokens == 0
         {
-            let this = slf.try_borrow()?;
-            let st = this.state()?;
-            let request_id = request.getattr(intern!(py, "request_id"))?;
-            if let Some(tracked) = st.tracked(&request_id)? {
-                let out = st.step(
-                    request,
-                    &tracked,
-                    num_new_tokens,
-                    num_lookahead_tokens,
-                    num_external_computed_tokens,
-                    delay_cache_blocks,
-                    reserved_blocks,
-                )?;
-                return Ok(out.unwrap_or_else(|| py.None().into_bound(py)));
-            }
+            return Err(PyValueError::new_err(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt",
+            ));
         }
-        let skip_zeroing = match skip_zeroing_group_ids {
-            Some(ids) => ids,
-            None => PyTuple::empty(py).into_any(),
+        if num_encoder_tokens != 0 {
+            return Err(PyValueError::new_err(
+                "encoder-decoder models are not supported (MLA models are decoder-only)",
+            ));
+        }
+        let request_id = request.getattr(intern!(py, "request_id"))?;
+        if let Some(tracked) = st.tracked(&request_id)? {
+            if num_new_computed_tokens != 0 {
+                return Err(PyValueError::new_err(
+                    "a running request takes no new prefix hits",
+                ));
+            }
+            let out = st.step(
+                request,
+                &tracked,
+                num_new_tokens,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                reserved_blocks,
+            )?;
+            return Ok(out.unwrap_or_else(none));
+        }
+        let max_len = st.max_model_len as i64;
+        let computed: i64 = request
+            .getattr(intern!(py, "num_computed_tokens"))?
+            .extract()?;
+        let total_computed =
+            (computed + num_new_computed_tokens + num_external_computed_tokens).min(max_len);
+        let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
+        let watermark =
+            if has_scheduled_reqs && st.watermark_blocks > 0 && st.is_waiting(request)? {
+                st.watermark_blocks
+            } else {
+                0
+            };
+        let commit_upto = if delay_cache_blocks {
+            None
+        } else {
+            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            Some((total_computed + num_new_tokens).min(total))
         };
-        let args = (
+        match st.admit(
+            slf.as_any(),
             request,
-            num_new_tokens,
+            &request_id,
             num_new_computed_tokens,
-            new_computed_blocks,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            num_encoder_tokens,
-            full_sequence_must_fit,
-            reserved_blocks,
-            has_scheduled_reqs,
-            skip_zeroing,
-        );
-        slf.call_method1(intern!(py, "_allocate_slots"), args)
+            new_computed_blocks.as_ref(),
+            slots,
+            reserved_blocks + watermark,
+            full_sequence_must_fit.then_some(watermark),
+            commit_upto,
+        )? {
+            Some(new) => st.result(&new),
+            None => Ok(none()),
+        }
     }
 
     /// Makes the request's full blocks among its first
@@ -696,6 +868,36 @@ impl VllmManagerBase {
             return Ok(PyList::empty(slf.py()).into_any());
         }
         slf.call_method0(intern!(slf.py(), "_take_events"))
+    }
+
+    /// Counts an admission that found ``num_hits`` tokens cached in
+    /// ``prefix_cache_stats`` (its ``record``); nothing without
+    /// ``log_stats``, while caching is off or when the request skips the
+    /// lookup.
+    fn record_prefix_cache_stats(
+        slf: &Bound<'_, Self>,
+        request: &Bound<'_, PyAny>,
+        num_hits: i64,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        {
+            let this = slf.try_borrow()?;
+            let st = this.state()?;
+            if !st.log_stats || !st.lookup_enabled(request)? {
+                return Ok(());
+            }
+        }
+        let preempted: i64 = request.getattr(intern!(py, "num_preemptions"))?.extract()?;
+        let args = PyDict::new(py);
+        args.set_item(
+            intern!(py, "num_tokens"),
+            request.getattr(intern!(py, "num_tokens"))?,
+        )?;
+        args.set_item(intern!(py, "num_hits"), num_hits)?;
+        args.set_item(intern!(py, "preempted"), preempted > 0)?;
+        slf.getattr(intern!(py, "prefix_cache_stats"))?
+            .call_method(intern!(py, "record"), (), Some(&args))?;
+        Ok(())
     }
 
     /// The prefix-cache stats since the last call (``prefix_cache_stats``),

@@ -109,11 +109,13 @@ def make_scheduler(
     kv_cache_spec=None,
     enable_chunked_prefill: bool = True,
     connector_storage: Optional[str] = None,
+    watermark: float = 0.0,
 ) -> Scheduler:
     """vLLM's scheduler (``AsyncScheduler`` with ``async_scheduling``) with
     the stock manager or the adapter; with ``connector_storage``, vLLM's
     bundled ``ExampleConnector`` (a KV consumer and producer) over that
-    folder."""
+    folder; ``watermark``: the fraction of blocks kept free when admitting
+    waiting or preempted requests."""
     model_config = ModelConfig(
         model=model_dir(),
         dtype="bfloat16",
@@ -128,7 +130,7 @@ def make_scheduler(
         enable_chunked_prefill=enable_chunked_prefill,
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
-        watermark=0.0,
+        watermark=watermark,
         policy=policy,
     )
     cache_config = CacheConfig(

@@ -428,3 +428,79 @@ def test_kv_cache_blocks_handed_out_follow_the_block_list_as_vllms_do():
     assert_same(stock, adapter)
     for step, (x, y) in enumerate(zip(stock.views, adapter.views)):
         assert x == y, f"step {step}: stock {x} != adapter {y}"
+
+
+def test_same_admissions_with_a_watermark_under_pressure():
+    """vLLM keeps a watermark of free blocks when it admits a waiting or
+    preempted request beside scheduled ones (read from the request's status)."""
+    specs = shared_prefix_requests(20, seed=8, max_tokens=(20, 60))
+    stock, adapter = both(
+        lambda a: Driver(make_scheduler(a, num_blocks=40, max_num_batched_tokens=128, watermark=0.2)),
+        lambda d: d.run(arrivals(specs)),
+    )
+    assert_same(stock, adapter)
+    # The watermark held some admission back: the same run without it
+    # schedules differently.
+    plain = Driver(make_scheduler(True, num_blocks=40, max_num_batched_tokens=128))
+    plain.run(arrivals(shared_prefix_requests(20, seed=8, max_tokens=(20, 60))))
+    assert decisions(plain.records) != decisions(adapter.records), "the watermark changed nothing"
+
+
+def test_a_refused_admission_changes_nothing():
+    """An admission whose hit's free blocks leave too few free is refused
+    before anything changes: the free blocks, the cache and the request's hit
+    stay as they were, with either manager."""
+    shared = list(range(3, 3 + 4 * BS))
+
+    def scenario(d: Driver):
+        km = d.scheduler.kv_cache_manager
+        d.run({0: [make_request("a", shared + [7], max_tokens=2)]})  # caches 4 blocks, frees them
+        d.scheduler.add_request(make_request("big", list(range(500, 500 + 12 * BS)), max_tokens=30))
+        d.step()
+        late = make_request("late", shared + list(range(900, 900 + 3 * BS)), max_tokens=4)
+        blocks, hit = km.get_computed_blocks(late)[:2]
+        before = (km.block_pool.get_num_free_blocks(), km.get_block_ids("late"))
+        # The hit's 4 blocks are free (cached): they count as taken.
+        assert km.allocate_slots(late, late.num_tokens - hit, hit, blocks) is None
+        after = (km.block_pool.get_num_free_blocks(), km.get_block_ids("late"))
+        d.refused = (hit, before, after, km.get_computed_blocks(late)[1])
+        d.run({})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a, num_blocks=19)), scenario)
+    assert stock.refused == adapter.refused
+    hit, before, after, hit_again = adapter.refused
+    assert hit == 4 * BS and before == after and hit_again == hit
+    assert_same(stock, adapter)
+
+
+def test_same_readmission_after_preemption_with_its_prefix_hit():
+    """A preempted request is admitted again with the hit its own cached
+    blocks give (counted as a preempted request in the stats)."""
+
+    def scenario(d: Driver):
+        a = make_request("a", list(range(3, 3 + 5 * BS)), max_tokens=60)
+        b = make_request("b", list(range(500, 500 + 5 * BS)), max_tokens=60)
+        d.run({0: [a], 1: [b]})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a, num_blocks=16)), scenario)
+    assert any(r.preempted for r in stock.records), "no preemption exercised"
+    # (preempted requests, their tokens, their hit tokens) in the stats.
+    readmitted = [r.prefix_stats[3:] for r in stock.records if r.prefix_stats and r.prefix_stats[3]]
+    assert readmitted and all(hits > 0 for _, _, hits in readmitted), "no re-admission with a hit"
+    assert_same(stock, adapter)
+
+
+@pytest.mark.parametrize("probe_len", [3 * BS, 3 * BS + 1, 4 * BS, 4 * BS + 1, 5 * BS - 1])
+def test_same_hits_that_end_on_a_block_boundary(probe_len):
+    """A cached prefix that ends exactly where the prompt (or its last
+    token) does: the hit stops a token short, on a block boundary."""
+    first = list(range(3, 3 + 5 * BS + 3))
+
+    def scenario(d: Driver):
+        d.run({0: [make_request("a", first, max_tokens=2)]})
+        d.run({0: [make_request("b", first[:probe_len], max_tokens=3)]})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a)), scenario)
+    assert_same(stock, adapter)
+    hit = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}["b"]
+    assert hit == (probe_len - 1) // BS * BS
