@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use xxhash_rust::const_xxh3::const_custom_default_secret;
-use xxhash_rust::xxh3::{xxh3_128_with_secret, xxh3_128_with_seed, xxh3_64_with_seed};
+use xxhash_rust::xxh3::{xxh3_128_with_seed, xxh3_64_with_seed};
 
 use crate::config::BlockHashKind;
 use crate::engine_hash::{self, EngineDigest};
@@ -175,8 +175,8 @@ impl Chain {
 pub(crate) struct Hasher {
     seed: u64,
     /// xxh3's secret for `seed`, derived once: a seeded xxh3 of more than
-    /// [`XXH3_MID_MAX`] bytes is its hash under this secret, which it would
-    /// otherwise derive on every call.
+    /// 240 bytes is its hash under this secret, which it would otherwise
+    /// derive on every call.
     secret: [u8; 192],
     root: BlockHash,
     block_size: usize,
@@ -262,13 +262,15 @@ impl Hasher {
         self.xxh3(buf)
     }
 
-    /// `xxh3_128_with_seed(bytes, seed)`, with the seed's secret derived once.
+    /// `xxh3_128_with_seed(bytes, seed)`, with the seed's secret derived
+    /// once, by twox-hash: its long path (a block of 64 tokens and more)
+    /// picks AVX2 at run time, where xxhash-rust uses the SIMD width the
+    /// build targets (SSE2 for a portable build).
     fn xxh3(&self, bytes: &[u8]) -> BlockHash {
-        BlockHash(if bytes.len() > XXH3_MID_MAX {
-            xxh3_128_with_secret(bytes, &self.secret)
-        } else {
-            xxh3_128_with_seed(bytes, self.seed)
-        })
+        BlockHash(
+            twox_hash::XxHash3_128::oneshot_with_seed_and_secret(self.seed, &self.secret, bytes)
+                .expect("xxh3's default secret length is valid"),
+        )
     }
 
     /// Appends to `chain` the hashes of full blocks `chain.hashes.len()..`
@@ -339,10 +341,6 @@ impl Hasher {
 
 /// Tokens a parent hash covers in place (16 bytes).
 const PARENT_TOKENS: usize = 4;
-
-/// The longest input xxh3 hashes without its secret's full length (its
-/// "mid-size" path, which mixes the seed in directly).
-const XXH3_MID_MAX: usize = 240;
 
 impl Hasher {
     /// [`Hasher::extend_chain`] for vLLM's kinds. A 16-byte digest is the
