@@ -700,10 +700,12 @@ def test_an_unbound_native_base_raises_instead_of_crashing():
     with pytest.raises(RuntimeError, match="_bind"):
         base.get_blocks("a")
     manager = mla_cache.BlockManager(small_config(8, BS))
-    with pytest.raises(ValueError, match="block_size"):
-        base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=0, max_model_len=64,
-                   num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
-                   log_stats=False, enable_kv_cache_events=False)
+    # A block of one token would be filled by the token past a hit.
+    for block_size in (0, 1):
+        with pytest.raises(ValueError, match="block_size"):
+            base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=block_size,
+                       max_model_len=64, num_reprefillable_tokens=0, enable_caching=True,
+                       use_eagle=False, log_stats=False, enable_kv_cache_events=False)
     with pytest.raises(ValueError, match="null block"):
         base._bind(manager, [None], None, KVCacheBlocks, dict, block_size=BS, max_model_len=64,
                    num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,

@@ -226,10 +226,12 @@ impl State {
         Ok(new)
     }
 
-    /// A running request's step (``allocate_slots`` without a new prefix
+    /// A tracked request's step (``allocate_slots`` without a new prefix
     /// hit): grows its table to the step's slots when they need blocks
-    /// (``None`` when fewer than ``need + reserved`` blocks are free, nothing
-    /// changed), then commits the step's hashed full blocks unless
+    /// (``None``, nothing changed, as vLLM's check: when the blocks needed
+    /// plus the request's watermark exceed the free blocks less
+    /// ``reserved``, or with ``full`` the whole sequence's plus it exceed
+    /// the free blocks), then commits the step's hashed full blocks unless
     /// ``delay``. Until a block fills, a counter check.
     #[allow(clippy::too_many_arguments)]
     fn step<'py>(
@@ -240,7 +242,9 @@ impl State {
         num_lookahead_tokens: i64,
         num_external_computed_tokens: i64,
         delay: bool,
-        reserved_blocks: i64,
+        reserved: i64,
+        has_scheduled_reqs: bool,
+        full: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = request.py();
         let bs = self.block_size as i64;
@@ -248,17 +252,46 @@ impl State {
         let computed: i64 = request
             .getattr(intern!(py, "num_computed_tokens"))?
             .extract()?;
-        let total_computed = (computed + num_external_computed_tokens).min(max_len);
-        let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
+        let total_computed = computed
+            .saturating_add(num_external_computed_tokens)
+            .min(max_len);
+        let slots = total_computed
+            .saturating_add(num_new_tokens)
+            .saturating_add(num_lookahead_tokens)
+            .min(max_len);
         let (held, key, next_cache, cached, appended) = {
             let t = tracked.try_borrow()?;
             let held = t.blocks.bind(py).len() as i64;
             (held, t.key, t.next_cache, t.cached_blocks, t.appended)
         };
         let need = (slots + bs - 1).div_euclid(bs) - held;
+        let may_watermark = has_scheduled_reqs && self.watermark_blocks > 0;
+        if need > 0 || reserved > 0 || full || may_watermark {
+            let free = self.core().num_free_blocks() as i64;
+            let available = free.saturating_sub(reserved);
+            let need = need.max(0);
+            // A tracked request is waiting again after an asynchronous KV
+            // load: vLLM applies the watermark to it as to an admission.
+            // Its status is read only where the watermark could refuse.
+            let watermark = if full || need.saturating_add(self.watermark_blocks) > available {
+                self.watermark(request, has_scheduled_reqs)?
+            } else {
+                0
+            };
+            if need.saturating_add(watermark) > available {
+                return Ok(None);
+            }
+            if full {
+                let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+                let whole = (total.min(max_len) + bs - 1).div_euclid(bs);
+                if (whole - held).max(0).saturating_add(watermark) > free {
+                    return Ok(None);
+                }
+            }
+        }
         // The commit is planned (digests and tokens checked) before the
         // table grows, so bad input changes nothing.
-        let upto = total_computed + num_new_tokens;
+        let upto = total_computed.saturating_add(num_new_tokens);
         let commit = if !delay && upto >= next_cache as i64 {
             let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
             let held_after = (held + need.max(0)) as usize;
@@ -269,9 +302,6 @@ impl State {
         let mut new = None;
         if need > 0 {
             let core = self.core();
-            if core.num_free_blocks() as i64 - reserved_blocks < need {
-                return Ok(None);
-            }
             let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
             let grown = if self.pass_tokens && slots <= total {
                 // Every slot holds a known token (a prefill chunk) that
@@ -350,14 +380,19 @@ impl State {
         }
     }
 
-    /// Whether vLLM's watermark applies to the request: it is waiting or
-    /// was preempted (its ``status`` is one of those members).
-    fn is_waiting(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+    /// vLLM's watermark for the request: ``watermark_blocks`` when others
+    /// are scheduled and it is waiting or was preempted (its ``status`` is
+    /// one of those members), else 0.
+    fn watermark(&self, request: &Bound<'_, PyAny>, has_scheduled_reqs: bool) -> PyResult<i64> {
+        if !has_scheduled_reqs || self.watermark_blocks == 0 {
+            return Ok(0);
+        }
         let py = request.py();
-        Ok(match request.getattr_opt(intern!(py, "status"))? {
+        let waiting = match request.getattr_opt(intern!(py, "status"))? {
             Some(status) => self.waiting_statuses.iter().any(|s| status.is(s.bind(py))),
             None => false,
-        })
+        };
+        Ok(if waiting { self.watermark_blocks } else { 0 })
     }
 
     /// Admits a request that is not running with exactly the hit the
@@ -371,7 +406,10 @@ impl State {
     /// Everything is read and checked first: ``ValueError`` / ``TypeError``
     /// (nothing changed) for a hit that does not match its blocks or digests
     /// the block manager refuses, ``RuntimeError`` (nothing changed) if the
-    /// hit is no longer cached since ``get_computed_blocks``.
+    /// hit is no longer cached since ``get_computed_blocks``. Should another
+    /// user of the same block manager change the hit between that check and
+    /// the admission, the admission is taken back (``RuntimeError``; blocks
+    /// it evicted stay evicted).
     #[allow(clippy::too_many_arguments)]
     fn admit<'py>(
         &self,
@@ -579,8 +617,10 @@ impl VllmManagerBase {
                 "watermark_blocks must be non-negative",
             ));
         }
-        if block_size == 0 {
-            return Err(PyValueError::new_err("block_size must be positive"));
+        if block_size < 2 {
+            // An admission hands the block manager one token past the hit,
+            // which must not fill a block of its own.
+            return Err(PyValueError::new_err("block_size must be at least 2"));
         }
         if block_objs.bind(py).len() < 2 {
             return Err(PyValueError::new_err(
@@ -695,6 +735,8 @@ impl VllmManagerBase {
                 num_external_computed_tokens,
                 delay_cache_blocks,
                 reserved_blocks,
+                has_scheduled_reqs,
+                full_sequence_must_fit,
             )?;
             return Ok(out.unwrap_or_else(none));
         }
@@ -702,20 +744,20 @@ impl VllmManagerBase {
         let computed: i64 = request
             .getattr(intern!(py, "num_computed_tokens"))?
             .extract()?;
-        let total_computed =
-            (computed + num_new_computed_tokens + num_external_computed_tokens).min(max_len);
-        let slots = (total_computed + num_new_tokens + num_lookahead_tokens).min(max_len);
-        let watermark =
-            if has_scheduled_reqs && st.watermark_blocks > 0 && st.is_waiting(request)? {
-                st.watermark_blocks
-            } else {
-                0
-            };
+        let total_computed = computed
+            .saturating_add(num_new_computed_tokens)
+            .saturating_add(num_external_computed_tokens)
+            .min(max_len);
+        let slots = total_computed
+            .saturating_add(num_new_tokens)
+            .saturating_add(num_lookahead_tokens)
+            .min(max_len);
+        let watermark = st.watermark(request, has_scheduled_reqs)?;
         let commit_upto = if delay_cache_blocks {
             None
         } else {
             let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-            Some((total_computed + num_new_tokens).min(total))
+            Some(total_computed.saturating_add(num_new_tokens).min(total))
         };
         match st.admit(
             slf.as_any(),
@@ -724,7 +766,7 @@ impl VllmManagerBase {
             num_new_computed_tokens,
             new_computed_blocks.as_ref(),
             slots,
-            reserved_blocks + watermark,
+            reserved_blocks.saturating_add(watermark),
             full_sequence_must_fit.then_some(watermark),
             commit_upto,
         )? {

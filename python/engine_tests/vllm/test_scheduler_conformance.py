@@ -504,3 +504,29 @@ def test_same_hits_that_end_on_a_block_boundary(probe_len):
     assert_same(stock, adapter)
     hit = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}["b"]
     assert hit == (probe_len - 1) // BS * BS
+
+
+def test_a_held_request_waiting_again_gets_the_watermark_and_the_whole_sequence_check():
+    """After an asynchronous KV load the scheduler calls ``allocate_slots`` for
+    a request whose blocks the manager already holds, its status back to
+    WAITING: vLLM applies the watermark and ``full_sequence_must_fit`` there as
+    to an admission, and no watermark to a running request."""
+    outcomes = []
+    for adapter in (False, True):
+        # 12 usable blocks (and the null one), a watermark of int(0.25 * 13) = 3.
+        m = make_scheduler(adapter, num_blocks=13, watermark=0.25).kv_cache_manager
+        held = make_request("held", list(range(3, 3 + 2 * BS)), max_tokens=8)
+        assert m.allocate_slots(held, BS, delay_cache_blocks=True) is not None
+        filler = make_request("filler", list(range(500, 500 + 9 * BS)))
+        assert m.allocate_slots(filler, 9 * BS, has_scheduled_reqs=False) is not None
+        row = []
+        for status in (RequestStatus.RUNNING, RequestStatus.WAITING):
+            held.status = status
+            for kw in ({}, {"has_scheduled_reqs": False}, {"full_sequence_must_fit": True}):
+                for new_tokens in (1, BS + 1):
+                    got = m.allocate_slots(held, new_tokens, **kw)
+                    row.append(None if got is None else got.get_block_ids())
+        outcomes.append((row, m.block_pool.get_num_free_blocks()))
+    assert outcomes[0] == outcomes[1]
+    row = outcomes[0][0]
+    assert None in row and ([],) in row, f"the checks did not both pass and refuse: {row}"
