@@ -15,7 +15,9 @@ Python list vLLM reads instead). Both caches hold ``--blocks`` usable blocks
 (vLLM's has one more, its null block), evict LRU and cap a hit at
 ``len - 1`` tokens; the run asserts that both report the same cached tokens
 for every request. The time is the thread's CPU time (``time.thread_time_ns``)
-over the timed part; each workload runs ``--repeat`` rounds, the two managers
+over the timed part, with the prepared prompts frozen out of the garbage
+collector's reach first (vLLM's ``freeze_gc_heap``, which its engine core
+calls after start-up); each workload runs ``--repeat`` rounds, the two managers
 alternating, and the median round is reported.
 
 Workloads: the Mooncake trace (``--trace``, its prompts as
@@ -50,6 +52,7 @@ import harness  # noqa: E402
 import mla_cache  # noqa: E402
 from replay_vllm_adapter import DEFAULT_TRACE, parse_trace  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.gc_utils import freeze_gc_heap  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -118,6 +121,10 @@ def mla_round(prompts: Sequence, blocks: int, bs: int) -> tuple:
 def compare(name: str, prompts: List[List[int]], args) -> None:
     """Runs both managers ``--repeat`` times on ``prompts`` and prints the medians."""
     theirs = prompts if args.list else [np.asarray(p, dtype=np.int32) for p in prompts]
+    # As vLLM's engine core does after start-up: the prepared workload is
+    # frozen out of the collector's reach, so a round's collections walk
+    # what the round allocates, not the whole trace.
+    freeze_gc_heap()
     max_len = max(len(p) for p in prompts) + args.block_size
     runs: dict = {"vllm": [], "mla_cache": []}
     expected = None
