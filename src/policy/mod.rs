@@ -30,6 +30,7 @@
 mod adaptive;
 mod ghost;
 mod lru;
+mod near_returns;
 mod once_reused;
 mod return_time;
 

@@ -1,21 +1,26 @@
 //! Return time: evicts the cached blocks whose chain is expected back last,
 //! using what only a prefix cache knows: how often a chain has been
-//! extended (a conversation's turns), whether the request that last used it
-//! found it cached, and how long chains take to come back, learned online.
+//! extended (a conversation's turns) rather than forked from, whether the
+//! request that last used it found it cached, and how long chains take to
+//! come back, learned online.
 //!
 //! ```text
 //!   class of a block = the request that last used it (hit or stored it):
 //!     cold   it found fewer than half its prompt's blocks cached: the
 //!            blocks it stores are cold, the blocks it hits warm
-//!     turns  the hits of the request's shallowest private block (the times
-//!            its chain was extended), 0 to 15
+//!     turns  the times its chain was extended, 0 to 15: a request extends
+//!            it when its hit ends at a block with no cached child (the tip
+//!            the previous turn stored) and goes on; one whose hit ends at
+//!            an inner block forks, and is no turn
 //!     shared a block hit 16 times or more (a system prompt): its own class
 //!
 //!   evict, in this order:
 //!     1. the least recently used block, if it is older than the return
-//!        horizon (learned: 1.1 x the 99th percentile of return ages)
+//!        horizon (learned: 1.5 x the 95th percentile of return ages)
 //!     2. from the first non-empty class of
 //!          cold 15 turns .. cold 0 turns, warm 15 .. warm 0, shared
+//!        while cold blocks rarely return near (see below), else of
+//!          (cold or warm, the older head) 15 turns .. 0 turns, shared
 //!        the oldest group or the youngest group (a group: the blocks one
 //!        request released together), whichever is expected back later
 //!        (learned remaining time to return at its age); tail first
@@ -29,26 +34,31 @@
 //! hash evicted earlier, remembered by a ghost table) give both the horizon
 //! past which a chain has ended and, for any age, the expected time to its
 //! return: whether the old end or the young end of a class goes first is
-//! decided by them, so recency-friendly traffic keeps LRU's order. The
-//! class order is fixed, and wrong where prefixes are forked rather than
-//! extended: below LRU on the Mooncake trace (`docs/eviction.md`).
+//! decided by them, so recency-friendly traffic keeps LRU's order. Cold
+//! blocks go first only while they come back "near" (fewer releases after
+//! their own than the cache holds: LRU would still have them) five times
+//! less often than warm ones ([`NearReturns`]): where prefixes are forked
+//! soon after they are first stored, cold-first evicts the very blocks LRU
+//! keeps and hits with.
 //!
 //! Children before parents: all blocks of a request's path but its shared
 //! prefix get the request's turns (read from the path's shallowest
-//! non-shared block, and hits only shrink with depth), stored (possibly
-//! cold) blocks go before hit (warm) ones, a shared parent is in the class
-//! evicted last, and a path is released tail first, so a group's first
-//! block is its deepest. A block is evicted before its child only when a
-//! later request used the parent without the child and gave it a class
-//! evicted earlier: a fork, or a system prompt in its first 16 uses.
+//! non-shared block), stored (possibly cold) blocks go before hit (warm)
+//! ones, or with them when cold and warm count alike (a path's blocks are
+//! released together, deepest first), a shared parent is in the class evicted last, and a path is
+//! released tail first, so a group's first block is its deepest. A block is
+//! evicted before its child only when a later request used the parent
+//! without the child and gave it a class evicted earlier: a fork, or a
+//! system prompt in its first 16 uses.
 //!
 //! Costs: O(1) per call: a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
-//! 128-bucket age tables are rebuilt. Memory: 39 bytes per block, and the
-//! ghost table, 8 bytes per entry, two entries per block rounded up to a
-//! power of two: 55 to 71 bytes per block.
+//! 128-bucket age tables are rebuilt. Memory: 57 bytes per block, and the
+//! ghost table, 12 bytes per entry, two entries per block rounded up to a
+//! power of two: 81 to 105 bytes per block.
 
+use super::near_returns::NearReturns;
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -145,15 +155,15 @@ impl ReturnAges {
     }
 
     fn relearn(&mut self) {
-        // The horizon: 1.1 x the 99th percentile. Ages past it are still
+        // The horizon: 1.5 x the 95th percentile. Ages past it are still
         // seen (stores of evicted hashes), so it does not shrink itself.
-        let wanted = self.total - self.total / 100;
+        let wanted = self.total - self.total / 20;
         let mut seen = 0;
         if let Some(b) = self.counts.iter().position(|&c| {
             seen += c;
             seen >= wanted
         }) {
-            self.horizon = (bucket_end(b) * 11 / 10).min(u64::from(u32::MAX)) as u32;
+            self.horizon = (bucket_end(b) * 3 / 2).min(u64::from(u32::MAX)) as u32;
         }
         // Remaining time at the start of each bucket, over later returns.
         let (mut n, mut sum) = (0u64, 0u64);
@@ -171,11 +181,13 @@ impl ReturnAges {
     }
 }
 
-/// A fingerprint per recently evicted hash with its last use: a
-/// direct-mapped table, one entry per slot (a newer eviction overwrites).
+/// A fingerprint per recently evicted hash with its last use and its
+/// release stamp: a direct-mapped table, one entry per slot (a newer
+/// eviction overwrites).
 #[derive(Debug)]
 struct Ghosts {
     entries: Vec<u64>,
+    stamps: Vec<Stamp>,
     mask: usize,
 }
 
@@ -184,6 +196,7 @@ impl Ghosts {
         let len = num_blocks.max(1).saturating_mul(2).next_power_of_two();
         Ok(Self {
             entries: filled(len, 0, "the policy's ghost table")?,
+            stamps: filled(len, Stamp(0), "the policy's ghost table")?,
             mask: len - 1,
         })
     }
@@ -197,20 +210,45 @@ impl Ghosts {
         (fp >> 32) | 1
     }
 
-    /// Remembers that `fp`, last used at `clock`, was evicted.
-    fn push(&mut self, fp: u64, clock: u32) {
+    /// Remembers that `fp`, last used at `clock` and released as `stamp`
+    /// says, was evicted.
+    fn push(&mut self, fp: u64, clock: u32, stamp: Stamp) {
         let slot = self.slot(fp);
         self.entries[slot] = Self::tag(fp) << 32 | u64::from(clock);
+        self.stamps[slot] = stamp;
     }
 
-    /// When `fp` was last used, if it is remembered (and forgets it).
-    fn take(&mut self, fp: u64) -> Option<u32> {
+    /// When `fp` was last used and its stamp, if it is remembered (and
+    /// forgets it).
+    fn take(&mut self, fp: u64) -> Option<(u32, Stamp)> {
         let slot = self.slot(fp);
         let e = self.entries[slot];
         (e >> 32 == Self::tag(fp)).then(|| {
             self.entries[slot] = 0;
-            e as u32
+            (e as u32, self.stamps[slot])
         })
+    }
+}
+
+/// A block's release, packed in 32 bits: whether it was cold (the top bit)
+/// and the number of releases made by then (31 bits, wrapping).
+#[derive(Debug, Clone, Copy)]
+struct Stamp(u32);
+
+impl Stamp {
+    const COUNT: u32 = u32::MAX >> 1;
+
+    fn new(cold: bool, releases: u32) -> Self {
+        Self(u32::from(cold) << 31 | releases & Self::COUNT)
+    }
+
+    fn cold(self) -> bool {
+        self.0 >> 31 != 0
+    }
+
+    /// Releases since this one, when `releases` have been made.
+    fn since(self, releases: u32) -> u64 {
+        u64::from(releases.wrapping_sub(self.0) & Self::COUNT)
     }
 }
 
@@ -257,6 +295,33 @@ pub(crate) struct ReturnTime {
     ages: ReturnAges,
     ghosts: Ghosts,
     order: [u8; CLASSES],
+    /// Times the chain was extended through this block (read on a
+    /// request's shallowest private block), up to `TURNS - 1`.
+    extended: Vec<u8>,
+    /// Cached blocks stored with this one as their parent (saturating:
+    /// 255 stays).
+    children: Vec<u8>,
+    /// The block before this one in the request that stored it (NIL: a
+    /// root), and that block's `stored` number then.
+    parent: Vec<u32>,
+    parent_stored: Vec<u32>,
+    /// Stores so far when the block was stored: tells a parent's block
+    /// reused since from the parent itself.
+    stored: Vec<u32>,
+    stores: u32,
+    /// The block's last release.
+    stamp: Vec<Stamp>,
+    releases: u32,
+    /// Whether cold blocks go first, from how often each kind returns near.
+    near: NearReturns,
+    /// The current request: its leading cached blocks and its length, the
+    /// hits counted so far, its deepest block so far and its shallowest
+    /// private (not shared) hit block.
+    request_hit: usize,
+    request_len: usize,
+    request_hits_seen: usize,
+    request_last: u32,
+    request_private: u32,
 }
 
 impl ReturnTime {
@@ -284,6 +349,20 @@ impl ReturnTime {
             ages: ReturnAges::new(),
             ghosts: Ghosts::new(num_blocks)?,
             order: class_order(),
+            extended: filled(num_blocks, 0, "the policy's turns")?,
+            children: filled(num_blocks, 0, "the policy's chains")?,
+            parent: filled(num_blocks, NIL, "the policy's chains")?,
+            parent_stored: filled(num_blocks, 0, "the policy's chains")?,
+            stored: filled(num_blocks, 0, "the policy's chains")?,
+            stores: 0,
+            stamp: filled(num_blocks, Stamp(0), "the policy's clocks")?,
+            releases: 0,
+            near: NearReturns::new(num_blocks),
+            request_hit: 0,
+            request_len: 0,
+            request_hits_seen: 0,
+            request_last: NIL,
+            request_private: NIL,
         })
     }
 
@@ -306,6 +385,9 @@ impl ReturnTime {
         let i = b as usize;
         let c = usize::from(self.class[i]);
         self.released_at[i] = self.clock;
+        self.releases = self.releases.wrapping_add(1);
+        self.stamp[i] = Stamp::new(self.cold[i], self.releases);
+        self.near.released(self.cold[i]);
         let t = self.tail[c];
         let g = if t != NIL && self.released_at[t as usize] == self.clock {
             self.group[t as usize]
@@ -360,8 +442,26 @@ impl ReturnTime {
         self.group[b as usize] != NIL
     }
 
+    /// A block released as `stamp` says came back.
+    fn returned(&mut self, stamp: Stamp) {
+        self.near.returned(stamp.cold(), stamp.since(self.releases));
+    }
+
+    /// `b` leaves the cache: its parent, if still cached, has one child fewer.
+    fn orphan(&mut self, b: BlockId) {
+        let i = b as usize;
+        let p = std::mem::replace(&mut self.parent[i], NIL);
+        if p != NIL && self.stored[p as usize] == self.parent_stored[i] {
+            let c = &mut self.children[p as usize];
+            if *c != u8::MAX {
+                *c -= 1;
+            }
+        }
+    }
+
     /// The next victim: see the module docs.
     fn victim(&self) -> Option<BlockId> {
+        let cold_first = self.near.cold_first();
         let mut classes = self.nonempty;
         let mut oldest: Option<(u32, BlockId)> = None;
         while classes != 0 {
@@ -377,12 +477,16 @@ impl ReturnTime {
         if age > self.ages.horizon {
             return Some(oldest);
         }
-        let c = usize::from(
-            *self
-                .order
-                .iter()
-                .find(|&&c| self.nonempty & (1 << c) != 0)?,
-        );
+        let c = if cold_first {
+            usize::from(
+                *self
+                    .order
+                    .iter()
+                    .find(|&&c| self.nonempty & (1 << c) != 0)?,
+            )
+        } else {
+            self.merged_class()
+        };
         let old = self.head[c];
         if c == SHARED {
             return Some(old);
@@ -390,6 +494,25 @@ impl ReturnTime {
         let young = self.group_first[self.group[self.tail[c] as usize] as usize];
         let later = self.ages.remaining(self.age(young)) > self.ages.remaining(self.age(old));
         Some(if later { young } else { old })
+    }
+
+    /// The class to evict from when cold and warm blocks of a turn count
+    /// alike: of the most turns listed, the cold or the warm class,
+    /// whichever has the older head; the shared class once no other is
+    /// listed. Called with a block listed.
+    fn merged_class(&self) -> usize {
+        let listed = self.nonempty;
+        let turns = (listed | listed >> TURNS) & ((1 << TURNS) - 1);
+        if turns == 0 {
+            return SHARED;
+        }
+        let t = (u64::BITS - 1 - turns.leading_zeros()) as u8;
+        let (cold, warm) = (class_of(true, t), class_of(false, t));
+        match (listed >> cold & 1 != 0, listed >> warm & 1 != 0) {
+            (true, true) if self.age(self.head[warm]) > self.age(self.head[cold]) => warm,
+            (true, _) => cold,
+            _ => warm,
+        }
     }
 }
 
@@ -402,6 +525,11 @@ impl EvictionPolicy for ReturnTime {
         self.clock = self.clock.wrapping_add(1);
         self.request_turns = 0;
         self.request_cold = 2 * hit < hashes.len();
+        self.request_hit = hit;
+        self.request_len = hashes.len();
+        self.request_hits_seen = 0;
+        self.request_last = NIL;
+        self.request_private = NIL;
         if self.request_cold {
             Retention::Probation
         } else {
@@ -413,12 +541,24 @@ impl EvictionPolicy for ReturnTime {
         let i = block as usize;
         let fp = (hash.0 as u64) | 1;
         self.fingerprint[i] = fp;
-        if let Some(last_use) = self.ghosts.take(fp) {
+        if let Some((last_use, stamp)) = self.ghosts.take(fp) {
             self.ages.record(self.clock.wrapping_sub(last_use));
+            self.returned(stamp);
         }
         self.cold[i] = retention == Retention::Probation;
         self.hits[i] = 0;
+        self.extended[i] = 0;
         self.revived_age[i] = NIL;
+        self.stores = self.stores.wrapping_add(1);
+        self.stored[i] = self.stores;
+        self.children[i] = 0;
+        self.parent[i] = self.request_last;
+        if self.request_last != NIL {
+            let p = self.request_last as usize;
+            self.parent_stored[i] = self.stored[p];
+            self.children[p] = self.children[p].saturating_add(1);
+        }
+        self.request_last = block;
         self.classify(block);
     }
 
@@ -434,9 +574,12 @@ impl EvictionPolicy for ReturnTime {
 
     fn evict(&mut self) -> Option<BlockId> {
         let b = self.victim()?;
+        let i = b as usize;
         self.unlink(b);
+        self.orphan(b);
+        self.near.on_evict();
         self.ghosts
-            .push(self.fingerprint[b as usize], self.released_at[b as usize]);
+            .push(self.fingerprint[i], self.released_at[i], self.stamp[i]);
         Some(b)
     }
 
@@ -445,6 +588,7 @@ impl EvictionPolicy for ReturnTime {
         let age = std::mem::replace(&mut self.revived_age[i], NIL);
         if age != NIL {
             self.ages.record(age);
+            self.returned(self.stamp[i]);
         }
         // The prefix cache takes a path out of the order before counting its
         // hits; a caller that does not finds the block reclassified in place.
@@ -454,13 +598,31 @@ impl EvictionPolicy for ReturnTime {
         }
         self.hits[i] = self.hits[i].saturating_add(1).min(SHARED_HITS);
         self.cold[i] = false;
-        if self.hits[i] < SHARED_HITS {
-            self.request_turns = self.request_turns.max(self.hits[i]);
+        self.request_hits_seen += 1;
+        if self.hits[i] < SHARED_HITS && self.request_private == NIL {
+            self.request_private = block;
+            self.request_turns = self.extended[i];
         }
+        // The request's deepest hit: it extends its chain if it goes on past
+        // a block with no cached child (the tip the previous turn stored);
+        // past an inner block, it forks, and is no turn.
+        let deepest = self.request_hits_seen == self.request_hit;
+        if deepest && self.request_hit < self.request_len && self.children[i] == 0 {
+            if let Some(f) = (self.request_private != NIL).then_some(self.request_private) {
+                let turns = &mut self.extended[f as usize];
+                *turns = (*turns + 1).min(TURNS as u8 - 1);
+                self.request_turns = *turns;
+            }
+        }
+        self.request_last = block;
         self.classify(block);
         if listed {
             self.push(block);
         }
+    }
+
+    fn forget(&mut self, block: BlockId) {
+        self.orphan(block);
     }
 
     fn len(&self) -> usize {
@@ -530,6 +692,75 @@ mod tests {
         p.insert(0);
         p.insert(1);
         assert_eq!((p.evict(), p.evict(), p.evict()), (Some(1), Some(0), None));
+    }
+
+    #[test]
+    fn cold_blocks_go_first_only_while_they_rarely_return_near() {
+        let setup = |p: &mut ReturnTime| {
+            // A warm request's block, released first, then a cold one's.
+            let h = hashes(0, 4);
+            p.on_request(&h, 2);
+            p.on_store(0, h[0], Retention::Keep);
+            p.insert(0);
+            let cold = p.on_request(&hashes(10, 4), 1);
+            p.on_store(1, hashes(10, 1)[0], cold);
+            p.insert(1);
+        };
+        let mut p = ReturnTime::new(8).unwrap();
+        setup(&mut p);
+        assert_eq!(p.evict(), Some(1), "cold first");
+        // Cold blocks came back soon after their release, warm ones never:
+        // cold and warm blocks of a turn count alike, oldest first.
+        let mut p = ReturnTime::new(8).unwrap();
+        p.near.on_evict();
+        for _ in 0..10 {
+            p.near.released(true);
+            p.near.returned(true, 0);
+            p.near.released(false);
+        }
+        setup(&mut p);
+        assert_eq!((p.evict(), p.evict()), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn a_fork_is_no_turn_and_an_extension_is_one() {
+        let mut p = ReturnTime::new(32).unwrap();
+        let mut free: Vec<BlockId> = (0..32).collect();
+        // A prefix of two blocks and a tail of two, stored by one request.
+        let first: Vec<(BlockHash, BlockId)> = hashes(0, 4).into_iter().zip(0..4).collect();
+        request(&mut p, &first, 0, &mut free);
+        // Five requests fork from the prefix's last block (it has a child).
+        for k in 0..5 {
+            let mut path = first[..2].to_vec();
+            path.push((hashes(100 + 10 * k, 1)[0], 4 + k as BlockId));
+            request(&mut p, &path, 2, &mut free);
+        }
+        assert_eq!(p.hits[0], 5);
+        assert_eq!(p.extended[0], 0, "forks are no turns");
+        assert_eq!(usize::from(p.class[1]), class_of(false, 0));
+        // A request that goes on past the tail (no cached child) extends it.
+        let mut path = first.clone();
+        path.push((hashes(200, 1)[0], 20));
+        request(&mut p, &path, 4, &mut free);
+        assert_eq!(p.extended[0], 1);
+        assert_eq!(usize::from(p.class[20]), class_of(false, 1));
+        // Evicting the new tail makes its parent the tip again.
+        for _ in 0..16 {
+            p.on_request(&[], 0);
+        }
+        let mut order = Vec::new();
+        while let Some(b) = p.evict() {
+            order.push(b);
+            if b == 20 {
+                break;
+            }
+        }
+        assert_eq!(order, [20], "the chain extended once goes first");
+        path.truncate(4);
+        path.push((hashes(300, 1)[0], 21));
+        free.push(20);
+        request(&mut p, &path, 4, &mut free);
+        assert_eq!(p.extended[0], 2);
     }
 
     #[test]
