@@ -99,6 +99,18 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     /// `block` entered the prefix index under `hash` (it is in use), stored
     /// by a request whose retention is `retention`.
     fn on_store(&mut self, _block: BlockId, _hash: BlockHash, _retention: Retention) {}
+    /// [`on_store`](Self::on_store), told the chain's previous block
+    /// (`parent`, cached; `None`: a root or not cached): the manager stores
+    /// through this, so a chain's later commits keep their parent.
+    fn on_store_under(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        retention: Retention,
+        _parent: Option<BlockId>,
+    ) {
+        self.on_store(block, hash, retention);
+    }
     /// `block` became evictable (its last holder released it).
     fn insert(&mut self, block: BlockId);
     /// `block` left the evictable set without being evicted (a hit revived it).

@@ -5,13 +5,18 @@
 //! come back, learned online.
 //!
 //! ```text
-//!   class of a block = the request that last used it (hit or stored it):
-//!     cold   it found fewer than half its prompt's blocks cached: the
-//!            blocks it stores are cold, the blocks it hits warm
-//!     turns  the times its chain was extended, 0 to 15: a request extends
-//!            it when its hit ends at a block with no cached child (the tip
-//!            the previous turn stored) and goes on; one whose hit ends at
-//!            an inner block forks, and is no turn
+//!   class of a block:
+//!     cold   stored by a request that found fewer than half its prompt's
+//!            blocks cached, and not hit since (a hit makes it warm)
+//!     turns  the times its chain was extended above it, 0 to 15, fixed
+//!            when it is stored under the parent its caller names: the
+//!            parent's turns, plus one when the parent had no cached child
+//!            and was hit since it was stored (the tip a previous turn
+//!            stored: an extension); a child added under a block that has
+//!            one already is a fork, and one under a block never hit the
+//!            same request's next commit. A released path takes its
+//!            deepest block's turns (released deepest first, a block right
+//!            after its child takes the larger of the two)
 //!     shared a block hit 16 times or more (a system prompt): its own class
 //!
 //!   evict, in this order:
@@ -23,7 +28,9 @@
 //!          (cold or warm, the older head) 15 turns .. 0 turns, shared
 //!        the oldest group or the youngest group (a group: the blocks one
 //!        request released together), whichever is expected back later
-//!        (learned remaining time to return at its age); tail first
+//!        (learned remaining time to return at its age); tail first.
+//!        In the second order cold and warm blocks of a turn are one pool:
+//!        its oldest head and its youngest group; ties go to the cold one
 //! ```
 //!
 //! Why: on traffic whose sessions come back after the cache turns over (a
@@ -41,15 +48,16 @@
 //! soon after they are first stored, cold-first evicts the very blocks LRU
 //! keeps and hits with.
 //!
-//! Children before parents: all blocks of a request's path but its shared
-//! prefix get the request's turns (read from the path's shallowest
-//! non-shared block), stored (possibly cold) blocks go before hit (warm)
-//! ones, or with them when cold and warm count alike (a path's blocks are
-//! released together, deepest first), a shared parent is in the class evicted last, and a path is
-//! released tail first, so a group's first block is its deepest. A block is
-//! evicted before its child only when a later request used the parent
-//! without the child and gave it a class evicted earlier: a fork, or a
-//! system prompt in its first 16 uses.
+//! Children before parents: a released path's blocks share one turn count,
+//! and a child is cold only if its parent is or was never hit (a hit on the
+//! child is one on the parent), so a child's class comes no later than its
+//! parent's in both orders; ties between the oldest heads of classes go to
+//! the class evicted first, ties in a pool to the cold class, a shared
+//! parent is in the class evicted last, and a path is released tail first,
+//! so a group's first block is its deepest. A block is evicted before its
+//! child only when a later request used the parent without the child (a
+//! fork, or a system prompt in its first 16 uses): the parent is then
+//! younger, and may be the young end picked.
 //!
 //! Costs: O(1) per call: a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
@@ -289,19 +297,15 @@ pub(crate) struct ReturnTime {
     fingerprint: Vec<u64>,
     /// Requests admitted so far: the policy's clock.
     clock: u32,
-    /// The current request: cold, and its chain's turns so far.
-    request_cold: bool,
-    request_turns: u8,
     ages: ReturnAges,
     ghosts: Ghosts,
     order: [u8; CLASSES],
-    /// Times the chain was extended through this block (read on a
-    /// request's shallowest private block), up to `TURNS - 1`.
-    extended: Vec<u8>,
+    /// Times the chain was extended above this block, up to `TURNS - 1`.
+    turns: Vec<u8>,
     /// Cached blocks stored with this one as their parent (saturating:
     /// 255 stays).
     children: Vec<u8>,
-    /// The block before this one in the request that stored it (NIL: a
+    /// The block before this one in its chain when it was stored (NIL: a
     /// root), and that block's `stored` number then.
     parent: Vec<u32>,
     parent_stored: Vec<u32>,
@@ -314,14 +318,9 @@ pub(crate) struct ReturnTime {
     releases: u32,
     /// Whether cold blocks go first, from how often each kind returns near.
     near: NearReturns,
-    /// The current request: its leading cached blocks and its length, the
-    /// hits counted so far, its deepest block so far and its shallowest
-    /// private (not shared) hit block.
-    request_hit: usize,
-    request_len: usize,
-    request_hits_seen: usize,
-    request_last: u32,
-    request_private: u32,
+    /// The block released last and the turns its class took.
+    last_released: u32,
+    last_turns: u8,
 }
 
 impl ReturnTime {
@@ -344,12 +343,10 @@ impl ReturnTime {
             revived_age: filled(num_blocks, NIL, "the policy's clocks")?,
             fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
             clock: 0,
-            request_cold: false,
-            request_turns: 0,
             ages: ReturnAges::new(),
             ghosts: Ghosts::new(num_blocks)?,
             order: class_order(),
-            extended: filled(num_blocks, 0, "the policy's turns")?,
+            turns: filled(num_blocks, 0, "the policy's turns")?,
             children: filled(num_blocks, 0, "the policy's chains")?,
             parent: filled(num_blocks, NIL, "the policy's chains")?,
             parent_stored: filled(num_blocks, 0, "the policy's chains")?,
@@ -358,11 +355,8 @@ impl ReturnTime {
             stamp: filled(num_blocks, Stamp(0), "the policy's clocks")?,
             releases: 0,
             near: NearReturns::new(num_blocks),
-            request_hit: 0,
-            request_len: 0,
-            request_hits_seen: 0,
-            request_last: NIL,
-            request_private: NIL,
+            last_released: NIL,
+            last_turns: 0,
         })
     }
 
@@ -370,13 +364,13 @@ impl ReturnTime {
         self.clock.wrapping_sub(self.released_at[b as usize])
     }
 
-    /// Sets `b`'s class from its hits and the current request.
+    /// Sets `b`'s class from its hits, coldness and turns.
     fn classify(&mut self, b: BlockId) {
         let i = b as usize;
         self.class[i] = if self.hits[i] >= SHARED_HITS {
             SHARED as u8
         } else {
-            class_of(self.cold[i], self.request_turns) as u8
+            class_of(self.cold[i], self.turns[i]) as u8
         };
     }
 
@@ -463,57 +457,83 @@ impl ReturnTime {
     fn victim(&self) -> Option<BlockId> {
         let cold_first = self.near.cold_first();
         let mut classes = self.nonempty;
-        let mut oldest: Option<(u32, BlockId)> = None;
+        let mut oldest: Option<(u32, usize, BlockId)> = None;
         while classes != 0 {
             let c = classes.trailing_zeros() as usize;
             classes &= classes - 1;
             let b = self.head[c];
-            // Ties go to the lower class: a child's is never above its parent's.
-            if oldest.is_none_or(|(age, _)| self.age(b) > age) {
-                oldest = Some((self.age(b), b));
+            // Ties go to the class evicted first: a child's comes no later
+            // than its parent's.
+            let key = (self.age(b), usize::MAX - merged_rank(c));
+            if oldest.is_none_or(|(age, rank, _)| key > (age, rank)) {
+                oldest = Some((key.0, key.1, b));
             }
         }
-        let (age, oldest) = oldest?;
+        let (age, _, oldest) = oldest?;
         if age > self.ages.horizon {
             return Some(oldest);
         }
-        let c = if cold_first {
-            usize::from(
+        let (old, young) = if cold_first {
+            let c = usize::from(
                 *self
                     .order
                     .iter()
                     .find(|&&c| self.nonempty & (1 << c) != 0)?,
-            )
+            );
+            if c == SHARED {
+                return Some(self.head[c]);
+            }
+            (self.head[c], self.youngest_group(c))
         } else {
-            self.merged_class()
+            self.merged_ends()?
         };
-        let old = self.head[c];
-        if c == SHARED {
-            return Some(old);
-        }
-        let young = self.group_first[self.group[self.tail[c] as usize] as usize];
         let later = self.ages.remaining(self.age(young)) > self.ages.remaining(self.age(old));
         Some(if later { young } else { old })
     }
 
-    /// The class to evict from when cold and warm blocks of a turn count
-    /// alike: of the most turns listed, the cold or the warm class,
-    /// whichever has the older head; the shared class once no other is
-    /// listed. Called with a block listed.
-    fn merged_class(&self) -> usize {
+    /// The first (deepest) block of class `c`'s youngest group.
+    fn youngest_group(&self, c: usize) -> BlockId {
+        self.group_first[self.group[self.tail[c] as usize] as usize]
+    }
+
+    /// The two ends to evict from when cold and warm blocks of a turn count
+    /// alike: of the most turns listed, cold and warm as one pool, its
+    /// oldest head and its youngest group's first block, ties going to the
+    /// cold class (a cold child's parent may be warm, released with it);
+    /// the shared class's head once no other is listed. Called with a
+    /// block listed.
+    fn merged_ends(&self) -> Option<(BlockId, BlockId)> {
         let listed = self.nonempty;
         let turns = (listed | listed >> TURNS) & ((1 << TURNS) - 1);
         if turns == 0 {
-            return SHARED;
+            let b = self.head[SHARED];
+            return (b != NIL).then_some((b, b));
         }
         let t = (u64::BITS - 1 - turns.leading_zeros()) as u8;
         let (cold, warm) = (class_of(true, t), class_of(false, t));
-        match (listed >> cold & 1 != 0, listed >> warm & 1 != 0) {
-            (true, true) if self.age(self.head[warm]) > self.age(self.head[cold]) => warm,
-            (true, _) => cold,
-            _ => warm,
-        }
+        Some(match (listed >> cold & 1 != 0, listed >> warm & 1 != 0) {
+            (true, true) => {
+                let (hc, hw) = (self.head[cold], self.head[warm]);
+                let old = if self.age(hw) > self.age(hc) { hw } else { hc };
+                let (yc, yw) = (self.youngest_group(cold), self.youngest_group(warm));
+                let young = if self.age(yw) < self.age(yc) { yw } else { yc };
+                (old, young)
+            }
+            (true, false) => (self.head[cold], self.youngest_group(cold)),
+            _ => (self.head[warm], self.youngest_group(warm)),
+        })
     }
+}
+
+/// Where class `c` comes in the second order (most turns first, cold
+/// before warm, shared last): a child's class never comes after its
+/// parent's there, nor in the first.
+fn merged_rank(c: usize) -> usize {
+    if c == SHARED {
+        return CLASSES;
+    }
+    let (warm, turns) = (c / TURNS, c % TURNS);
+    2 * (TURNS - 1 - turns) + warm
 }
 
 impl EvictionPolicy for ReturnTime {
@@ -523,14 +543,7 @@ impl EvictionPolicy for ReturnTime {
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
         self.clock = self.clock.wrapping_add(1);
-        self.request_turns = 0;
-        self.request_cold = 2 * hit < hashes.len();
-        self.request_hit = hit;
-        self.request_len = hashes.len();
-        self.request_hits_seen = 0;
-        self.request_last = NIL;
-        self.request_private = NIL;
-        if self.request_cold {
+        if 2 * hit < hashes.len() {
             Retention::Probation
         } else {
             Retention::Keep
@@ -538,6 +551,16 @@ impl EvictionPolicy for ReturnTime {
     }
 
     fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
+        self.on_store_under(block, hash, retention, None);
+    }
+
+    fn on_store_under(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        retention: Retention,
+        parent: Option<BlockId>,
+    ) {
         let i = block as usize;
         let fp = (hash.0 as u64) | 1;
         self.fingerprint[i] = fp;
@@ -547,23 +570,50 @@ impl EvictionPolicy for ReturnTime {
         }
         self.cold[i] = retention == Retention::Probation;
         self.hits[i] = 0;
-        self.extended[i] = 0;
+        self.turns[i] = 0;
         self.revived_age[i] = NIL;
         self.stores = self.stores.wrapping_add(1);
         self.stored[i] = self.stores;
         self.children[i] = 0;
-        self.parent[i] = self.request_last;
-        if self.request_last != NIL {
-            let p = self.request_last as usize;
+        self.parent[i] = parent.unwrap_or(NIL);
+        if let Some(p) = parent {
+            let p = p as usize;
+            // Under the tip a previous request stored and a later one hit:
+            // an extension; under a block with a child: a fork; under a
+            // block never hit: the same request's next commit.
+            let extends = self.children[p] == 0 && self.hits[p] > 0;
+            self.turns[i] = if self.hits[p] >= SHARED_HITS {
+                0
+            } else {
+                (self.turns[p] + u8::from(extends)).min(TURNS as u8 - 1)
+            };
             self.parent_stored[i] = self.stored[p];
             self.children[p] = self.children[p].saturating_add(1);
         }
-        self.request_last = block;
         self.classify(block);
     }
 
     fn insert(&mut self, block: BlockId) {
-        self.revived_age[block as usize] = NIL;
+        let i = block as usize;
+        self.revived_age[i] = NIL;
+        // A path is released deepest first: a parent released right after
+        // its child takes the child's turns (the chain's, as the request
+        // that used it left them).
+        let l = self.last_released;
+        let below = l != NIL
+            && self.parent[l as usize] == block
+            && self.parent_stored[l as usize] == self.stored[i]
+            && self.released_at[l as usize] == self.clock;
+        self.classify(block);
+        if below && self.class[i] != SHARED as u8 {
+            let turns = self.turns[i].max(self.last_turns);
+            self.class[i] = class_of(self.cold[i], turns) as u8;
+        }
+        self.last_released = block;
+        self.last_turns = match usize::from(self.class[i]) {
+            SHARED => 0,
+            c => (c % TURNS) as u8,
+        };
         self.push(block);
     }
 
@@ -598,23 +648,6 @@ impl EvictionPolicy for ReturnTime {
         }
         self.hits[i] = self.hits[i].saturating_add(1).min(SHARED_HITS);
         self.cold[i] = false;
-        self.request_hits_seen += 1;
-        if self.hits[i] < SHARED_HITS && self.request_private == NIL {
-            self.request_private = block;
-            self.request_turns = self.extended[i];
-        }
-        // The request's deepest hit: it extends its chain if it goes on past
-        // a block with no cached child (the tip the previous turn stored);
-        // past an inner block, it forks, and is no turn.
-        let deepest = self.request_hits_seen == self.request_hit;
-        if deepest && self.request_hit < self.request_len && self.children[i] == 0 {
-            if let Some(f) = (self.request_private != NIL).then_some(self.request_private) {
-                let turns = &mut self.extended[f as usize];
-                *turns = (*turns + 1).min(TURNS as u8 - 1);
-                self.request_turns = *turns;
-            }
-        }
-        self.request_last = block;
         self.classify(block);
         if listed {
             self.push(block);
@@ -664,14 +697,15 @@ mod tests {
             p.on_hit(b);
         }
         let mut victims = Vec::new();
-        for &(h, b) in &path[hit..] {
+        for (k, &(h, b)) in path.iter().enumerate().skip(hit) {
             if let Some(i) = free.iter().position(|&f| f == b) {
                 free.swap_remove(i);
             } else {
                 assert_eq!(p.evict(), Some(b), "the test names the victims");
                 victims.push(b);
             }
-            p.on_store(b, h, retention);
+            let parent = k.checked_sub(1).map(|j| path[j].1);
+            p.on_store_under(b, h, retention, parent);
         }
         for &(_, b) in path.iter().rev() {
             p.insert(b);
@@ -736,13 +770,17 @@ mod tests {
             request(&mut p, &path, 2, &mut free);
         }
         assert_eq!(p.hits[0], 5);
-        assert_eq!(p.extended[0], 0, "forks are no turns");
+        assert_eq!(
+            p.turns[..9],
+            [0; 9],
+            "one request's blocks and forks are no turns"
+        );
         assert_eq!(usize::from(p.class[1]), class_of(false, 0));
         // A request that goes on past the tail (no cached child) extends it.
         let mut path = first.clone();
         path.push((hashes(200, 1)[0], 20));
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.extended[0], 1);
+        assert_eq!(p.turns[20], 1);
         assert_eq!(usize::from(p.class[20]), class_of(false, 1));
         // Evicting the new tail makes its parent the tip again.
         for _ in 0..16 {
@@ -760,7 +798,45 @@ mod tests {
         path.push((hashes(300, 1)[0], 21));
         free.push(20);
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.extended[0], 2);
+        assert_eq!(p.turns[21], 1, "the tip again, extended once above");
+        // The next turn extends the new tip: two turns above its blocks.
+        path.push((hashes(400, 2)[0], 22));
+        path.push((hashes(400, 2)[1], 23));
+        request(&mut p, &path, 5, &mut free);
+        assert_eq!(p.turns[22..24], [2, 2]);
+    }
+
+    #[test]
+    fn one_pool_takes_a_cold_child_before_its_warm_parent() {
+        let mut p = ReturnTime::new(16).unwrap();
+        // Blocks come back 200 requests after their release: the young end
+        // goes first; cold and warm blocks return near alike: one pool.
+        for _ in 0..RELEARN_PERIOD {
+            p.ages.record(200);
+        }
+        p.near.on_evict();
+        for _ in 0..10_000 {
+            p.near.released(true);
+            p.near.returned(true, 0);
+        }
+        let mut free: Vec<BlockId> = (0..16).collect();
+        // An old warm block, then a chain, then a cold fork from its middle
+        // released with the parent it hit.
+        let other = [(hashes(900, 1)[0], 10)];
+        request(&mut p, &other, 0, &mut free);
+        request(&mut p, &other, 1, &mut free);
+        let chain: Vec<(BlockHash, BlockId)> = hashes(0, 3).into_iter().zip(0..3).collect();
+        request(&mut p, &chain, 0, &mut free);
+        let mut fork = chain[..2].to_vec();
+        fork.extend(hashes(100, 3).into_iter().zip(3..6));
+        request(&mut p, &fork, 2, &mut free);
+        assert!(!p.near.cold_first());
+        assert_eq!(usize::from(p.class[1]), class_of(false, 0));
+        assert_eq!(usize::from(p.class[3]), class_of(true, 0));
+        // The warm class has the older head (10), its young group holds the
+        // parent (1): the cold group released with it goes first.
+        let order: Vec<BlockId> = (0..3).filter_map(|_| p.evict()).collect();
+        assert_eq!(order, [5, 4, 3]);
     }
 
     #[test]
@@ -774,8 +850,10 @@ mod tests {
         request(&mut p, &long, 2, &mut free); // extended twice: 2 turns
         request(&mut p, &short[..1], 0, &mut free);
         request(&mut p, &short, 1, &mut free); // once
-                                               // Before any return is seen, each class goes oldest group first,
-                                               // deepest first: the twice-extended chain before the newer one.
+
+        // A path released takes its deepest block's turns; before any
+        // return is seen each class goes oldest group first, deepest first:
+        // the twice-extended chain before the newer one.
         let order: Vec<BlockId> = std::iter::from_fn(|| p.evict()).collect();
         assert_eq!(order, [2, 1, 0, 4, 3]);
     }
@@ -869,13 +947,28 @@ mod tests {
         /// Conversations over their own chains (no two share a block): any
         /// sequence of turns, each extending its chain by the tokens it
         /// cached, evicts every block at most once, only while evictable,
-        /// and never a block whose child is cached.
+        /// and never a block whose child is cached; with return ages
+        /// learned (a horizon that old heads pass, young groups picked) and
+        /// cold and warm blocks in either order.
         #[test]
         fn children_go_before_parents(
-            turns in prop::collection::vec((0..6usize, 1..4usize), 1..120),
+            turns in prop::collection::vec((0..6usize, 1..4usize), 1..300),
+            learned in prop::collection::vec(0..48u32, 0..6),
+            merged: bool,
         ) {
             const N: usize = 12;
             let mut p = ReturnTime::new(N).unwrap();
+            for age in learned.iter().cycle().take(RELEARN_PERIOD as usize) {
+                p.ages.record(*age);
+            }
+            if merged {
+                // Cold blocks came back near, warm ones never: one pool.
+                p.near.on_evict();
+                for _ in 0..10_000 {
+                    p.near.released(true);
+                    p.near.returned(true, 0);
+                }
+            }
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             // Each conversation's chain of hashes; cached: hash -> block.
             let mut chains: Vec<Vec<BlockHash>> = vec![Vec::new(); 6];
@@ -921,7 +1014,7 @@ mod tests {
                         free.push(b);
                         break;
                     }
-                    p.on_store(b, *h, retention);
+                    p.on_store_under(b, *h, retention, path.last().copied());
                     cached.insert(*h, b);
                     parent.insert(b, path.last().copied());
                     path.push(b);
@@ -930,6 +1023,9 @@ mod tests {
                     p.insert(b);
                 }
                 prop_assert_eq!(p.len(), cached.len());
+            }
+            if merged {
+                prop_assert!(!p.near.cold_first(), "the pool held");
             }
         }
     }

@@ -179,10 +179,15 @@ impl Prefixes {
             let stored = st.slots[b as usize].hash.is_none()
                 && index.insert(shard, hash, b, self.verify(tokens, i));
             if stored {
+                // The chain's previous block, when it holds the previous hash.
+                let parent = i
+                    .checked_sub(1)
+                    .map(|j| blocks[j])
+                    .filter(|&p| st.slots[p as usize].hash == Some(hashes[i - 1]));
                 let slot = &mut st.slots[b as usize];
                 slot.hash = Some(hash);
                 slot.shard = shard;
-                st.policy.on_store(b, hash, retention);
+                st.policy.on_store_under(b, hash, retention, parent);
                 if slot.locks == 0 {
                     st.policy.insert(b);
                 }

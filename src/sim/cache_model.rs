@@ -109,12 +109,16 @@ fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) 
             };
             held.push(b);
         }
-        for (&k, &b) in r.keys[hits..].iter().zip(&held[hits..]) {
+        for (j, (&k, &b)) in r.keys[hits..].iter().zip(&held[hits..]).enumerate() {
             // A key cached past a miss keeps its block; this copy stays unhashed.
             if block_of[k as usize] == NONE {
                 block_of[k as usize] = b;
                 key_of[b as usize] = k;
-                policy.on_store(b, keys.hash(k), retention);
+                let parent = (hits + j)
+                    .checked_sub(1)
+                    .map(|i| block_of[r.keys[i] as usize])
+                    .filter(|&p| p != NONE);
+                policy.on_store_under(b, keys.hash(k), retention, parent);
             }
         }
         for &b in held.iter().rev() {
