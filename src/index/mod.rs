@@ -223,6 +223,13 @@ impl IndexWriter<'_> {
         true
     }
 
+    /// The block indexed under `hash` in `shard`, if any.
+    pub(crate) fn block_of(&mut self, shard: u8, hash: BlockHash) -> Option<BlockId> {
+        let (key, high) = split(hash);
+        let (h, block) = self.shard(shard).map.get(key)?;
+        (h == high).then_some(block)
+    }
+
     /// Drops the entry of `hash`, which is indexed, from `shard`.
     pub(crate) fn remove(&mut self, shard: u8, hash: BlockHash) {
         let (key, high) = split(hash);

@@ -152,7 +152,8 @@ impl Prefixes {
     /// `hashes[i]`, holding `tokens[i * block_size..]`. Blocks already
     /// cached are skipped; a block whose hash another block holds stays
     /// uncached (a duplicate). Stored blocks are new to the policy
-    /// (`on_store` with `retention`) and evictable unless locked; each run
+    /// (`on_store_under` with `retention` and the block holding the previous
+    /// hash) and evictable unless locked; each run
     /// of consecutive stored blocks is one `BlockStored` event.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn store_chain(
@@ -179,11 +180,16 @@ impl Prefixes {
             let stored = st.slots[b as usize].hash.is_none()
                 && index.insert(shard, hash, b, self.verify(tokens, i));
             if stored {
-                // The chain's previous block, when it holds the previous hash.
-                let parent = i
-                    .checked_sub(1)
-                    .map(|j| blocks[j])
-                    .filter(|&p| st.slots[p as usize].hash == Some(hashes[i - 1]));
+                // The block holding the previous hash: the chain's previous
+                // block, or, when that is a duplicate, the one indexed.
+                let parent = i.checked_sub(1).and_then(|j| {
+                    let p = blocks[j];
+                    if st.slots[p as usize].hash == Some(hashes[j]) {
+                        Some(p)
+                    } else {
+                        index.block_of(shard, hashes[j])
+                    }
+                });
                 let slot = &mut st.slots[b as usize];
                 slot.hash = Some(hash);
                 slot.shard = shard;
@@ -474,4 +480,78 @@ fn prefetch_slot(slots: &[Slot], b: BlockId) {
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(0x6d6c_615f_6361_6368_u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Lru;
+    use std::sync::{Arc, Mutex};
+
+    /// Stored blocks and the parents the policy was told.
+    type Stores = Arc<Mutex<Vec<(BlockId, Option<BlockId>)>>>;
+
+    /// LRU that records every stored block's parent.
+    #[derive(Debug)]
+    struct Parents(Lru, Stores);
+
+    impl EvictionPolicy for Parents {
+        fn name(&self) -> &'static str {
+            "parents"
+        }
+        fn on_store_under(&mut self, b: BlockId, _: BlockHash, _: Retention, p: Option<BlockId>) {
+            self.1.lock().unwrap().push((b, p));
+        }
+        fn insert(&mut self, b: BlockId) {
+            self.0.insert(b)
+        }
+        fn remove(&mut self, b: BlockId) {
+            self.0.remove(b)
+        }
+        fn evict(&mut self) -> Option<BlockId> {
+            self.0.evict()
+        }
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+    }
+
+    #[test]
+    fn a_block_stored_after_a_duplicate_has_the_indexed_block_as_parent() {
+        let config = CacheConfig {
+            num_blocks: 8,
+            block_size: 4,
+            ..CacheConfig::default()
+        };
+        let prefixes = Prefixes::new(&config);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let policy = Parents(Lru::new(8).unwrap(), seen.clone());
+        let mut st = CacheState::new(8, Box::new(policy)).unwrap();
+        let tokens: Vec<TokenId> = (0..12).collect();
+        let hashes = prefixes.chain(&tokens, &Default::default());
+        // One request stores blocks 0 and 1; another, which prefilled the
+        // same prefix meanwhile into blocks 2 and 3, then a block of its own.
+        prefixes.store_chain(
+            &mut st,
+            &tokens,
+            &hashes,
+            &[0, 1],
+            0..2,
+            Retention::Keep,
+            None,
+        );
+        prefixes.store_chain(
+            &mut st,
+            &tokens,
+            &hashes,
+            &[2, 3, 4],
+            0..3,
+            Retention::Keep,
+            None,
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(0, None), (1, Some(0)), (4, Some(1))]
+        );
+    }
 }
