@@ -249,16 +249,12 @@ impl State {
         let py = request.py();
         let bs = self.block_size as i64;
         let max_len = self.max_model_len as i64;
-        let computed: i64 = request
-            .getattr(intern!(py, "num_computed_tokens"))?
-            .extract()?;
-        let total_computed = computed
-            .saturating_add(num_external_computed_tokens)
-            .min(max_len);
-        let slots = total_computed
-            .saturating_add(num_new_tokens)
-            .saturating_add(num_lookahead_tokens)
-            .min(max_len);
+        let (total_computed, slots) = self.span(
+            request,
+            num_external_computed_tokens,
+            num_new_tokens,
+            num_lookahead_tokens,
+        )?;
         let (held, key, next_cache, cached, appended) = {
             let t = tracked.try_borrow()?;
             let held = t.blocks.bind(py).len() as i64;
@@ -378,6 +374,29 @@ impl State {
                 "block id {id} is not a cache block"
             ))),
         }
+    }
+
+    /// vLLM's counts for a step of ``request``: its computed tokens with
+    /// ``adopted`` more (a new hit, external tokens), and the slots the step
+    /// needs past them for ``new`` and ``lookahead`` tokens; both capped at
+    /// ``max_model_len``, the sums saturating.
+    fn span(
+        &self,
+        request: &Bound<'_, PyAny>,
+        adopted: i64,
+        new: i64,
+        lookahead: i64,
+    ) -> PyResult<(i64, i64)> {
+        let max_len = self.max_model_len as i64;
+        let computed: i64 = request
+            .getattr(intern!(request.py(), "num_computed_tokens"))?
+            .extract()?;
+        let total_computed = computed.saturating_add(adopted).min(max_len);
+        let slots = total_computed
+            .saturating_add(new)
+            .saturating_add(lookahead)
+            .min(max_len);
+        Ok((total_computed, slots))
     }
 
     /// vLLM's watermark for the request: ``watermark_blocks`` when others
@@ -740,18 +759,12 @@ impl VllmManagerBase {
             )?;
             return Ok(out.unwrap_or_else(none));
         }
-        let max_len = st.max_model_len as i64;
-        let computed: i64 = request
-            .getattr(intern!(py, "num_computed_tokens"))?
-            .extract()?;
-        let total_computed = computed
-            .saturating_add(num_new_computed_tokens)
-            .saturating_add(num_external_computed_tokens)
-            .min(max_len);
-        let slots = total_computed
-            .saturating_add(num_new_tokens)
-            .saturating_add(num_lookahead_tokens)
-            .min(max_len);
+        let (total_computed, slots) = st.span(
+            request,
+            num_new_computed_tokens.saturating_add(num_external_computed_tokens),
+            num_new_tokens,
+            num_lookahead_tokens,
+        )?;
         let watermark = st.watermark(request, has_scheduled_reqs)?;
         let commit_upto = if delay_cache_blocks {
             None
