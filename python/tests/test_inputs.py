@@ -192,3 +192,28 @@ def test_a_cache_too_large_for_memory_is_a_memory_error():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("MemoryError out of memory"), out.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+def test_an_array_prompt_is_the_list_prompt(m, dtype):
+    # Contiguous arrays of these dtypes are converted block by block as the
+    # manager hashes them: the same tokens, the same chain as a list's.
+    tokens = [(i * 7919) % 50_000 for i in range(201)]
+    m.admit(1, np.array(tokens, dtype=dtype))
+    m.free(1)
+    assert m.admit(2, tokens).num_cached_tokens == 200
+    m.append(2, 3)
+    assert m.num_tokens(2) == 202
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_a_late_out_of_range_array_token_changes_nothing(m, dtype):
+    tokens = np.arange(200, dtype=dtype)
+    tokens[150] = -1
+    free = m.num_free_blocks()
+    with pytest.raises(ValueError, match="-1 at position 150 is outside"):
+        m.admit(1, tokens)
+    assert m.num_free_blocks() == free
+    assert m.match_prefix(np.arange(140)).num_tokens == 0
+    with pytest.raises(KeyError):
+        m.free(1)

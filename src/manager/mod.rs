@@ -45,7 +45,7 @@ use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Chain, ExtraKeys, KeyDigest};
 use crate::ids::{BlockId, RequestId, TokenId};
 use crate::policy::{self, EvictionPolicy, Retention};
-use crate::prefix_cache::{CacheState, Prefixes};
+use crate::prefix_cache::{fill_step, CacheState, Prefixes};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
 
@@ -156,14 +156,44 @@ impl BlockManager {
         tokens: &[TokenId],
         opts: &AdmitOptions,
     ) -> Result<Admission> {
-        // The request keeps a copy of its tokens: made first, it is also
-        // the buffer the chain is hashed in.
-        self.admit_vec(id, tokens.to_vec(), opts)
+        // The request keeps a copy of its tokens: made as the chain is
+        // hashed, it is also the buffer the chain is hashed in.
+        self.admit_filled(
+            id,
+            tokens.len(),
+            &mut |out, upto| {
+                fill_step(tokens, out, upto, |step, out| {
+                    out.extend_from_slice(step);
+                    Ok(())
+                })
+            },
+            opts,
+        )
+    }
+
+    /// [`BlockManager::admit`] of a prompt of `len` tokens that `fill`
+    /// writes into the request's buffer block by block as they are hashed
+    /// (`fill(tokens, upto)` appends them up to `upto`; see
+    /// [`Prefixes::chain_filling`]): a caller converting its prompt (the
+    /// bindings' arrays) converts it there, and an error of `fill` (a value
+    /// out of range) fails the call before anything changes.
+    pub(crate) fn admit_filled(
+        &self,
+        id: RequestId,
+        len: usize,
+        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        let (needed, keys) = self.check_prompt(len, opts)?;
+        let (tokens, chain) = self.prefixes.chain_filling(len, &keys, fill)?;
+        let prompt = self.prompt(len, keys, chain, needed);
+        self.admit_checked(id, Cow::Owned(tokens), opts, Cow::Owned(prompt))
     }
 
     /// [`BlockManager::admit`] of a prompt the caller owns: its tokens are
     /// hashed in place and move into the request instead of being copied
     /// (the bindings' path).
+    #[cfg(feature = "python")]
     pub(crate) fn admit_vec(
         &self,
         id: RequestId,

@@ -75,6 +75,29 @@ pub(crate) struct CacheState {
     pub(crate) victims: Vec<(BlockId, BlockHash, u8)>,
 }
 
+/// Blocks [`Prefixes::chain_filling`] writes and hashes per step (2 KB of
+/// 64-token blocks: the step's lines fit the processor's outstanding misses).
+const FILL_BLOCKS: usize = 8;
+
+/// One step of a [`Prefixes::chain_filling`] fill from `src`: `append`
+/// appends `src[tokens.len()..upto]` (converted as the caller needs), then
+/// as many values after `upto` (the next step) are prefetched.
+pub(crate) fn fill_step<T, E>(
+    src: &[T],
+    tokens: &mut Vec<TokenId>,
+    upto: usize,
+    append: impl FnOnce(&[T], &mut Vec<TokenId>) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let start = tokens.len();
+    append(&src[start..upto], tokens)?;
+    let next = &src[upto..(2 * upto - start).min(src.len())];
+    let line = 64 / std::mem::size_of::<T>().max(1);
+    for i in (0..next.len()).step_by(line.max(1)) {
+        prefetch_line(std::ptr::from_ref(&next[i]).cast());
+    }
+    Ok(())
+}
+
 impl Prefixes {
     /// The hasher, an empty index and the settings of `config`.
     pub(crate) fn new(config: &CacheConfig) -> Self {
@@ -118,6 +141,7 @@ impl Prefixes {
 
     /// [`Prefixes::chain_of`] of tokens the caller owns, hashed in place
     /// (`tokens` end as they started).
+    #[cfg(feature = "python")]
     pub(crate) fn chain_in_place(&self, tokens: &mut [TokenId], keys: &KeyDigest) -> Chain {
         let mut out = Chain::default();
         if self.settings.enabled {
@@ -126,6 +150,38 @@ impl Prefixes {
                 .extend_chain_in_place(tokens, keys, usize::MAX, &mut out, &mut buf);
         }
         out
+    }
+
+    /// [`Prefixes::chain_in_place`] of a prompt of `len` tokens that `fill`
+    /// writes into a fresh buffer a few blocks at a time, each step hashed
+    /// right after it is written, while it is still in L1: a prompt that is
+    /// not in cache is then read from memory once, the next step's lines
+    /// arriving while this one hashes ([`fill_step`] prefetches them), not
+    /// copied whole first and hashed after. `fill(tokens, upto)` appends the
+    /// prompt's tokens up to `upto`, or fails (then so does this). Returns
+    /// the tokens and their chain.
+    pub(crate) fn chain_filling(
+        &self,
+        len: usize,
+        keys: &KeyDigest,
+        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
+    ) -> Result<(Vec<TokenId>, Chain)> {
+        let mut tokens = Vec::with_capacity(len);
+        let mut chain = Chain::default();
+        if !self.settings.enabled {
+            fill(&mut tokens, len)?;
+            return Ok((tokens, chain));
+        }
+        let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
+        let step = FILL_BLOCKS * self.settings.block_size;
+        while tokens.len() < len {
+            let upto = (tokens.len() + step).min(len);
+            fill(&mut tokens, upto)?;
+            debug_assert_eq!(tokens.len(), upto, "fill appends up to `upto`");
+            self.hasher
+                .extend_chain_in_place(&mut tokens, keys, usize::MAX, &mut chain, &mut buf);
+        }
+        Ok((tokens, chain))
     }
 
     /// Block `i`'s tokens, when the index verifies tokens.
@@ -553,5 +609,56 @@ mod tests {
             *seen.lock().unwrap(),
             [(0, None), (1, Some(0)), (4, Some(1))]
         );
+    }
+
+    proptest::proptest! {
+        /// A prompt written and hashed step by step is the prompt, and its
+        /// chain the one hashed whole, whatever the kind, keys, block size
+        /// and length (across steps, with a partial tail), with prefix
+        /// caching on or off; a failing fill fails the call.
+        #[test]
+        fn a_filled_chain_is_the_whole_prompts_chain(
+            tokens in proptest::collection::vec(proptest::prelude::any::<u32>(), 1..1200),
+            block_size in 1usize..=70,
+            key in 0usize..3,
+            kind in 0usize..BlockHashKind::ALL.len(),
+            enabled: bool,
+            fail_at in proptest::option::of(0usize..1200),
+        ) {
+            let config = CacheConfig {
+                num_blocks: 64,
+                block_size,
+                block_hash: BlockHashKind::ALL[kind],
+                enable_prefix_caching: enabled,
+                ..CacheConfig::default()
+            };
+            let prefixes = Prefixes::new(&config);
+            let keys = match key {
+                0 => crate::hash::ExtraKeys::default(),
+                1 => crate::hash::ExtraKeys::salt("s"),
+                _ => crate::hash::ExtraKeys::adapter("a"),
+            };
+            let digest = prefixes.hasher.digest(&keys);
+            let fail_at = fail_at.filter(|&i| i < tokens.len());
+            let filled = prefixes.chain_filling(tokens.len(), &digest, &mut |out, upto| {
+                fill_step(&tokens, out, upto, |step, out| {
+                    out.extend_from_slice(step);
+                    match fail_at {
+                        Some(i) if i < out.len() => Err(Error::InvalidArgument(i.to_string())),
+                        _ => Ok(()),
+                    }
+                })
+            });
+            match fail_at {
+                Some(i) => proptest::prop_assert!(
+                    matches!(filled, Err(Error::InvalidArgument(m)) if m == i.to_string())
+                ),
+                None => {
+                    let (filled, chain) = filled.expect("no failure");
+                    proptest::prop_assert_eq!(&filled, &tokens);
+                    proptest::prop_assert_eq!(chain.hashes, prefixes.chain_of(&tokens, &digest).hashes);
+                }
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@ mod core;
 mod invariants;
 mod pins;
 
-pub(crate) use self::core::{CacheState, Prefixes};
+pub(crate) use self::core::{fill_step, CacheState, Prefixes};
 
 use rustc_hash::FxHashMap;
 

@@ -8,13 +8,17 @@
 
 use std::fmt::Display;
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 
-use crate::{BlockId, TokenId};
+use crate::prefix_cache::fill_step;
+use crate::{BlockId, Error, TokenId};
 
 /// Token ids (`0..=u32::MAX`); a lone integer (an int or a numpy integer
 /// scalar) is one token.
@@ -232,27 +236,104 @@ where
     T: Elem,
     O: Target + TryFrom<T>,
 {
-    let mut in_range = true;
-    let out = values
-        .iter()
-        .map(|&v| {
-            in_range &= O::try_from(v).is_ok();
-            O::cast(v)
-        })
-        .collect();
-    if !in_range {
-        let (i, v) = values
-            .iter()
-            .enumerate()
-            .find(|&(_, &v)| O::try_from(v).is_err())
-            .expect("a value is out of range");
-        return Err(out_of_range::<O>(v, i, what));
+    let mut out = Vec::with_capacity(values.len());
+    match append_checked(values, &mut out) {
+        Ok(()) => Ok(out),
+        Err(i) => Err(out_of_range::<O>(&values[i], i, what)),
     }
-    Ok(out)
+}
+
+/// Appends `values` converted to `O` to `out` in one branch-free pass
+/// (vectorized: the copy and the range check together), or fails with the
+/// position of the first value out of range (`out` then holds garbage).
+fn append_checked<T, O>(values: &[T], out: &mut Vec<O>) -> Result<(), usize>
+where
+    T: Elem,
+    O: Target + TryFrom<T>,
+{
+    let mut in_range = true;
+    out.extend(values.iter().map(|&v| {
+        in_range &= O::try_from(v).is_ok();
+        O::cast(v)
+    }));
+    if in_range {
+        return Ok(());
+    }
+    Err(values
+        .iter()
+        .position(|&v| O::try_from(v).is_err())
+        .expect("a value is out of range"))
+}
+
+/// A prompt's token ids from Python: a contiguous numpy array of a common
+/// dtype, converted by the manager as it hashes it
+/// (`BlockManager::admit_filled`, with [`PromptTokens::fill`]), or anything
+/// else, converted at once.
+pub(crate) enum PromptTokens<'py> {
+    /// Converted (lists, tuples, other arrays and buffers).
+    Converted(Vec<TokenId>),
+    /// `int32` (numpy's array of Python ints on most platforms' C int).
+    I32(PyReadonlyArray1<'py, i32>),
+    /// `uint32`.
+    U32(PyReadonlyArray1<'py, u32>),
+    /// `int64`.
+    I64(PyReadonlyArray1<'py, i64>),
+}
+
+impl<'py> PromptTokens<'py> {
+    /// The prompt `obj` (as [`tokens`] takes it).
+    pub(crate) fn extract(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+        macro_rules! contiguous {
+            ($($t:ty => $variant:ident),*) => {$(
+                if let Ok(a) = obj.cast::<PyArray1<$t>>() {
+                    if let Ok(ro) = a.try_readonly() {
+                        if ro.as_slice().is_ok() {
+                            return Ok(Self::$variant(ro));
+                        }
+                    }
+                }
+            )*};
+        }
+        contiguous!(i32 => I32, u32 => U32, i64 => I64);
+        tokens(obj).map(Self::Converted)
+    }
+
+    /// The tokens, converted at once.
+    pub(crate) fn into_vec(self) -> PyResult<Vec<TokenId>> {
+        const WHAT: &str = "token id";
+        match self {
+            Self::Converted(tokens) => Ok(tokens),
+            Self::I32(a) => convert(a.as_slice()?, WHAT),
+            Self::U32(a) => convert(a.as_slice()?, WHAT),
+            Self::I64(a) => convert(a.as_slice()?, WHAT),
+        }
+    }
+}
+
+/// One step of converting the prompt `values` into `tokens` up to `upto`
+/// as the manager hashes it (`fill_step`); a value out of range is an
+/// [`Error::InvalidArgument`] naming it and its position.
+pub(crate) fn fill_tokens<T: Elem>(
+    values: &[T],
+    tokens: &mut Vec<TokenId>,
+    upto: usize,
+) -> crate::Result<()>
+where
+    TokenId: TryFrom<T>,
+{
+    let start = tokens.len();
+    fill_step(values, tokens, upto, |step, out| append_checked(step, out)).map_err(|i| {
+        let i = start + i;
+        Error::InvalidArgument(format!(
+            "token id {} at position {i} is outside {}",
+            values[i],
+            <TokenId as Target>::RANGE
+        ))
+    })
 }
 
 /// The integer types arrays and buffers hold.
-trait Elem: Copy + Display {
+pub(crate) trait Elem: Copy + Display + Sync {
     /// `self as u32`.
     fn as_u32(self) -> u32;
     /// `self as i64`.

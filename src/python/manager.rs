@@ -11,7 +11,7 @@ use super::digests;
 use super::errors;
 use super::events;
 use super::extra_keys;
-use super::int_arrays::{self, tokens};
+use super::int_arrays::{self, tokens, PromptTokens};
 use super::ints;
 use super::outcomes::{Admission, AppendOutcome, PrefixMatch};
 use super::prefix_calls::keyed;
@@ -115,7 +115,7 @@ impl BlockManager {
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
-        #[pyo3(from_py_with = tokens)] tokens: Vec<TokenId>,
+        #[pyo3(from_py_with = PromptTokens::extract)] tokens: PromptTokens<'_>,
         #[pyo3(from_py_with = ints::size)] decode_slots: usize,
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
@@ -123,6 +123,7 @@ impl BlockManager {
         block_hashes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Admission> {
         if let Some(digests) = block_hashes {
+            let tokens = tokens.into_vec()?;
             let hashes = digests::block_hashes(&self.inner, digests)?;
             let key = Key::extract(request_id)?;
             let opts = AdmitOptions {

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 use super::errors;
 use super::extra_keys;
+use super::int_arrays::{self, Elem, PromptTokens};
 use super::outcomes::{block_array, AppendOutcome};
 use super::prefix_calls::DETACH_MIN_TOKENS;
 use super::request_ids::{self, Key, RequestIds};
@@ -26,6 +27,19 @@ pub(super) trait Requests: Sync {
         tokens: Vec<TokenId>,
         opts: &AdmitOptions,
     ) -> Result<Self::Admitted>;
+    /// [`Requests::admit`] of a prompt of `len` tokens that `fill` converts
+    /// (`manager::BlockManager::admit_filled`); converted whole first here.
+    fn admit_filled(
+        &self,
+        id: RequestId,
+        len: usize,
+        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
+        opts: &AdmitOptions,
+    ) -> Result<Self::Admitted> {
+        let mut tokens = Vec::with_capacity(len);
+        fill(&mut tokens, len)?;
+        self.admit(id, tokens, opts)
+    }
     /// Appends generated tokens.
     fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome>;
     /// Reports computed tokens.
@@ -47,6 +61,16 @@ impl Requests for manager::BlockManager {
 
     fn admit(&self, id: RequestId, tokens: Vec<TokenId>, opts: &AdmitOptions) -> Result<Admission> {
         self.admit_vec(id, tokens, opts)
+    }
+
+    fn admit_filled(
+        &self,
+        id: RequestId,
+        len: usize,
+        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
+        opts: &AdmitOptions,
+    ) -> Result<Admission> {
+        manager::BlockManager::admit_filled(self, id, len, fill, opts)
     }
 
     fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome> {
@@ -147,7 +171,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
-        tokens: Vec<TokenId>,
+        tokens: PromptTokens<'_>,
         decode_slots: usize,
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
@@ -159,11 +183,39 @@ impl<'a, R: Requests> RequestApi<'a, R> {
             keys: extra_keys::extract(extra_keys, salt)?,
             chunked_prefill,
         };
-        let admitted = self.run(py, tokens.len(), || {
-            self.ids
-                .create(&key, |id| self.inner.admit(id, tokens, &opts))
-        });
+        let admitted = match tokens {
+            PromptTokens::Converted(tokens) => self.run(py, tokens.len(), || {
+                self.ids
+                    .create(&key, |id| self.inner.admit(id, tokens, &opts))
+            }),
+            PromptTokens::I32(a) => self.admit_array(py, &key, a.as_slice()?, &opts),
+            PromptTokens::U32(a) => self.admit_array(py, &key, a.as_slice()?, &opts),
+            PromptTokens::I64(a) => self.admit_array(py, &key, a.as_slice()?, &opts),
+        };
         admitted.map_err(|e| self.err(e))
+    }
+
+    /// An admission of the prompt `values`, converted as it is hashed.
+    fn admit_array<T: Elem>(
+        &self,
+        py: Python<'_>,
+        key: &Key,
+        values: &[T],
+        opts: &AdmitOptions,
+    ) -> Result<R::Admitted>
+    where
+        TokenId: TryFrom<T>,
+    {
+        self.run(py, values.len(), || {
+            self.ids.create(key, |id| {
+                self.inner.admit_filled(
+                    id,
+                    values.len(),
+                    &mut |out, upto| int_arrays::fill_tokens(values, out, upto),
+                    opts,
+                )
+            })
+        })
     }
 
     /// `append(request_id, tokens)`.

@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList};
 use super::config::CacheConfig;
 use super::errors;
 use super::extra_keys;
-use super::int_arrays::tokens;
+use super::int_arrays::{tokens, PromptTokens};
 use super::ints;
 use super::outcomes::AppendOutcome;
 use super::request_ids::RequestIds;
@@ -153,7 +153,7 @@ impl TieredCache {
         let admitted = self.api().admit(
             py,
             request_id,
-            tokens,
+            PromptTokens::Converted(tokens),
             decode_slots,
             extra_keys,
             salt,
