@@ -210,10 +210,10 @@ def test_an_array_prompt_is_the_list_prompt(m, dtype):
 def test_a_late_out_of_range_array_token_changes_nothing(m, dtype):
     tokens = np.arange(200, dtype=dtype)
     tokens[150] = -1
-    free = m.num_free_blocks()
+    free = m.num_free_blocks
     with pytest.raises(ValueError, match="-1 at position 150 is outside"):
         m.admit(1, tokens)
-    assert m.num_free_blocks() == free
+    assert m.num_free_blocks == free
     assert m.match_prefix(np.arange(140)).num_tokens == 0
     with pytest.raises(KeyError):
         m.free(1)
