@@ -550,11 +550,7 @@ impl EvictionPolicy for ReturnTime {
         }
     }
 
-    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
-        self.on_store_under(block, hash, retention, None);
-    }
-
-    fn on_store_under(
+    fn on_store(
         &mut self,
         block: BlockId,
         hash: BlockHash,
@@ -705,7 +701,7 @@ mod tests {
                 victims.push(b);
             }
             let parent = k.checked_sub(1).map(|j| path[j].1);
-            p.on_store_under(b, h, retention, parent);
+            p.on_store(b, h, retention, parent);
         }
         for &(_, b) in path.iter().rev() {
             p.insert(b);
@@ -719,10 +715,10 @@ mod tests {
         let h = hashes(0, 4);
         // Warm: 3 of 4 cached (stored by nobody here: a fresh policy).
         assert_eq!(p.on_request(&h, 2), Retention::Keep);
-        p.on_store(0, h[0], Retention::Keep);
+        p.on_store(0, h[0], Retention::Keep, None);
         let cold = p.on_request(&hashes(10, 4), 1);
         assert_eq!(cold, Retention::Probation);
-        p.on_store(1, hashes(10, 1)[0], cold);
+        p.on_store(1, hashes(10, 1)[0], cold, None);
         p.insert(0);
         p.insert(1);
         assert_eq!((p.evict(), p.evict(), p.evict()), (Some(1), Some(0), None));
@@ -734,10 +730,10 @@ mod tests {
             // A warm request's block, released first, then a cold one's.
             let h = hashes(0, 4);
             p.on_request(&h, 2);
-            p.on_store(0, h[0], Retention::Keep);
+            p.on_store(0, h[0], Retention::Keep, None);
             p.insert(0);
             let cold = p.on_request(&hashes(10, 4), 1);
-            p.on_store(1, hashes(10, 1)[0], cold);
+            p.on_store(1, hashes(10, 1)[0], cold, None);
             p.insert(1);
         };
         let mut p = ReturnTime::new(8).unwrap();
@@ -864,7 +860,7 @@ mod tests {
         // Teach it that blocks come back 200 requests after their release.
         for round in 0..RELEARN_PERIOD as u128 {
             let h = BlockHash(round << 1);
-            p.on_store(0, h, Retention::Keep);
+            p.on_store(0, h, Retention::Keep, None);
             p.insert(0);
             for _ in 0..200 {
                 p.on_request(&[], 0);
@@ -902,13 +898,13 @@ mod tests {
     fn a_stored_hash_that_was_evicted_records_its_return_age() {
         let mut p = ReturnTime::new(4).unwrap();
         let h = BlockHash(42 << 1);
-        p.on_store(0, h, Retention::Keep);
+        p.on_store(0, h, Retention::Keep, None);
         p.insert(0);
         assert_eq!(p.evict(), Some(0));
         for _ in 0..7 {
             p.on_request(&[], 0);
         }
-        p.on_store(1, h, Retention::Keep);
+        p.on_store(1, h, Retention::Keep, None);
         assert_eq!(p.ages.total, 1);
         assert_eq!(p.ages.counts[bucket_of(7)], 1);
     }
@@ -916,7 +912,7 @@ mod tests {
     #[test]
     fn a_block_hit_16_times_is_shared_and_goes_last() {
         let mut p = ReturnTime::new(4).unwrap();
-        p.on_store(0, BlockHash(2), Retention::Keep);
+        p.on_store(0, BlockHash(2), Retention::Keep, None);
         for _ in 0..SHARED_HITS {
             p.on_request(&[], 0);
             p.on_hit(0);
@@ -924,7 +920,7 @@ mod tests {
         assert_eq!(usize::from(p.class[0]), SHARED);
         p.insert(0);
         p.on_request(&hashes(9, 1), 0);
-        p.on_store(1, BlockHash(4), Retention::Probation);
+        p.on_store(1, BlockHash(4), Retention::Probation, None);
         p.insert(1);
         assert_eq!((p.evict(), p.evict()), (Some(1), Some(0)));
     }
@@ -1014,7 +1010,7 @@ mod tests {
                         free.push(b);
                         break;
                     }
-                    p.on_store_under(b, *h, retention, path.last().copied());
+                    p.on_store(b, *h, retention, path.last().copied());
                     cached.insert(*h, b);
                     parent.insert(b, path.last().copied());
                     path.push(b);
