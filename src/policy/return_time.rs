@@ -10,11 +10,11 @@
 //!            blocks cached, and not hit since (a hit makes it warm)
 //!     turns  the times its chain was extended above it, 0 to 15, fixed
 //!            when it is stored under the parent its caller names: the
-//!            parent's turns, plus one when the parent had no cached child
-//!            and was hit since it was stored (the tip a previous turn
-//!            stored: an extension); a child added under a block that has
-//!            one already is a fork, and one under a block never hit the
-//!            same request's next commit. A released path takes its
+//!            parent's turns, plus one when the parent had no cached child,
+//!            was released since it was stored and hit since (the tip a
+//!            previous turn stored: an extension); a child added under a
+//!            block that has one already is a fork, and one under a block
+//!            never hit or not yet released the same request's next commit. A released path takes its
 //!            deepest block's turns (released deepest first, a block right
 //!            after its child takes the larger of the two)
 //!     shared a block hit 16 times or more (a system prompt): its own class
@@ -62,9 +62,9 @@
 //! Costs: O(1) per call: a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
-//! 128-bucket age tables are rebuilt. Memory: 57 bytes per block, and the
+//! 128-bucket age tables are rebuilt. Memory: 58 bytes per block, and the
 //! ghost table, 12 bytes per entry, two entries per block rounded up to a
-//! power of two: 81 to 105 bytes per block.
+//! power of two: 82 to 106 bytes per block.
 
 use super::near_returns::NearReturns;
 use super::{EvictionPolicy, Retention};
@@ -305,6 +305,9 @@ pub(crate) struct ReturnTime {
     /// Cached blocks stored with this one as their parent (saturating:
     /// 255 stays).
     children: Vec<u8>,
+    /// Released since stored: the request that stored it let it go, so it
+    /// may be a finished turn's tip.
+    released: Vec<bool>,
     /// The block before this one in its chain when it was stored (NIL: a
     /// root), and that block's `stored` number then.
     parent: Vec<u32>,
@@ -348,6 +351,7 @@ impl ReturnTime {
             order: class_order(),
             turns: filled(num_blocks, 0, "the policy's turns")?,
             children: filled(num_blocks, 0, "the policy's chains")?,
+            released: filled(num_blocks, false, "the policy's chains")?,
             parent: filled(num_blocks, NIL, "the policy's chains")?,
             parent_stored: filled(num_blocks, 0, "the policy's chains")?,
             stored: filled(num_blocks, 0, "the policy's chains")?,
@@ -571,13 +575,16 @@ impl EvictionPolicy for ReturnTime {
         self.stores = self.stores.wrapping_add(1);
         self.stored[i] = self.stores;
         self.children[i] = 0;
+        self.released[i] = false;
         self.parent[i] = parent.unwrap_or(NIL);
         if let Some(p) = parent {
             let p = p as usize;
-            // Under the tip a previous request stored and a later one hit:
-            // an extension; under a block with a child: a fork; under a
-            // block never hit: the same request's next commit.
-            let extends = self.children[p] == 0 && self.hits[p] > 0;
+            // Under the tip a previous request stored and released, and a
+            // later one hit: an extension; under a block with a child: a
+            // fork; under a block never hit, or not yet released (another
+            // request hit it while its own still prefills): the same
+            // request's next commit.
+            let extends = self.children[p] == 0 && self.hits[p] > 0 && self.released[p];
             self.turns[i] = if self.hits[p] >= SHARED_HITS {
                 0
             } else {
@@ -592,6 +599,7 @@ impl EvictionPolicy for ReturnTime {
     fn insert(&mut self, block: BlockId) {
         let i = block as usize;
         self.revived_age[i] = NIL;
+        self.released[i] = true;
         // A path is released deepest first: a parent released right after
         // its child takes the child's turns (the chain's, as the request
         // that used it left them).
