@@ -324,6 +324,9 @@ pub(crate) struct ReturnTime {
     /// The block released last and the turns its class took.
     last_released: u32,
     last_turns: u8,
+    /// Whether the path being released is one chain so far (no block of
+    /// it had another cached child): its blocks keep its turns.
+    last_chain: bool,
 }
 
 impl ReturnTime {
@@ -361,6 +364,7 @@ impl ReturnTime {
             near: NearReturns::new(num_blocks),
             last_released: NIL,
             last_turns: 0,
+            last_chain: true,
         })
     }
 
@@ -602,15 +606,23 @@ impl EvictionPolicy for ReturnTime {
         self.released[i] = true;
         // A path is released deepest first: a parent released right after
         // its child takes the child's turns (the chain's, as the request
-        // that used it left them).
+        // that used it left them), and keeps them when the child is its
+        // only one (the chain's count survives the eviction of its tail;
+        // a prefix forked from keeps its own).
         let l = self.last_released;
         let below = l != NIL
             && self.parent[l as usize] == block
             && self.parent_stored[l as usize] == self.stored[i]
             && self.released_at[l as usize] == self.clock;
         self.classify(block);
-        if below && self.class[i] != SHARED as u8 {
+        let shared = self.class[i] == SHARED as u8;
+        let keeps = below && self.last_chain && self.children[i] <= 1 && !shared;
+        self.last_chain = !below || keeps;
+        if below && !shared {
             let turns = self.turns[i].max(self.last_turns);
+            if keeps {
+                self.turns[i] = turns;
+            }
             self.class[i] = class_of(self.cold[i], turns) as u8;
         }
         self.last_released = block;
@@ -641,7 +653,13 @@ impl EvictionPolicy for ReturnTime {
         let i = block as usize;
         let age = std::mem::replace(&mut self.revived_age[i], NIL);
         if age != NIL {
-            self.ages.record(age);
+            // A shared block is never ranked by its age (its class goes
+            // last, oldest first): its frequent returns would teach the
+            // other classes' young-or-old choice, and the horizon, ages
+            // that are not theirs.
+            if self.hits[i] < SHARED_HITS {
+                self.ages.record(age);
+            }
             self.returned(self.stamp[i]);
         }
         // The prefix cache takes a path out of the order before counting its
@@ -798,16 +816,20 @@ mod tests {
             }
         }
         assert_eq!(order, [20], "the chain extended once goes first");
+        // The path released with 20 kept its turn up to the fork point
+        // (3 and 2, each 20's chain's only child; not 1, which the forks
+        // share, nor 0 above it).
+        assert_eq!(p.turns[..4], [0, 0, 1, 1]);
         path.truncate(4);
         path.push((hashes(300, 1)[0], 21));
         free.push(20);
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.turns[21], 1, "the tip again, extended once above");
-        // The next turn extends the new tip: two turns above its blocks.
+        assert_eq!(p.turns[21], 2, "the tip again, the chain's second turn");
+        // The next turn extends the new tip: three turns above its blocks.
         path.push((hashes(400, 2)[0], 22));
         path.push((hashes(400, 2)[1], 23));
         request(&mut p, &path, 5, &mut free);
-        assert_eq!(p.turns[22..24], [2, 2]);
+        assert_eq!(p.turns[22..24], [3, 3]);
     }
 
     #[test]
