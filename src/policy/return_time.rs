@@ -63,8 +63,10 @@
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
 //! 128-bucket age tables are rebuilt. Memory: 58 bytes per block, and the
-//! ghost table, 12 bytes per entry, two entries per block rounded up to a
-//! power of two: 82 to 106 bytes per block.
+//! ghost table, 16 bytes per entry (one cache line per look-up, fetched
+//! ahead when the request is admitted), two entries per block rounded up to
+//! a power of two: 90 to 122 bytes per block. Shared blocks' returns are
+//! not learned (their class is never ranked by age).
 
 use super::near_returns::NearReturns;
 use super::{EvictionPolicy, Retention};
@@ -72,6 +74,7 @@ use crate::alloc::filled;
 use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::ids::BlockId;
+use crate::index::prefetch_line;
 
 const NIL: u32 = u32::MAX;
 /// Turn counts told apart; more count as the last.
@@ -194,17 +197,28 @@ impl ReturnAges {
 /// eviction overwrites).
 #[derive(Debug)]
 struct Ghosts {
-    entries: Vec<u64>,
-    stamps: Vec<Stamp>,
+    entries: Vec<Ghost>,
     mask: usize,
+}
+
+/// One slot of [`Ghosts`]: its tag and last use, and its release stamp, in
+/// one cache line.
+#[derive(Debug, Clone, Copy)]
+struct Ghost {
+    /// The tag (32 bits, never 0: 0 is an empty slot) and the last use.
+    key: u64,
+    stamp: Stamp,
 }
 
 impl Ghosts {
     fn new(num_blocks: usize) -> Result<Self> {
         let len = num_blocks.max(1).saturating_mul(2).next_power_of_two();
+        let empty = Ghost {
+            key: 0,
+            stamp: Stamp(0),
+        };
         Ok(Self {
-            entries: filled(len, 0, "the policy's ghost table")?,
-            stamps: filled(len, Stamp(0), "the policy's ghost table")?,
+            entries: filled(len, empty, "the policy's ghost table")?,
             mask: len - 1,
         })
     }
@@ -218,12 +232,19 @@ impl Ghosts {
         (fp >> 32) | 1
     }
 
+    /// Brings `fp`'s slot into the cache ahead of a `take`.
+    fn prefetch(&self, fp: u64) {
+        prefetch_line((&raw const self.entries[self.slot(fp)]).cast());
+    }
+
     /// Remembers that `fp`, last used at `clock` and released as `stamp`
     /// says, was evicted.
     fn push(&mut self, fp: u64, clock: u32, stamp: Stamp) {
         let slot = self.slot(fp);
-        self.entries[slot] = Self::tag(fp) << 32 | u64::from(clock);
-        self.stamps[slot] = stamp;
+        self.entries[slot] = Ghost {
+            key: Self::tag(fp) << 32 | u64::from(clock),
+            stamp,
+        };
     }
 
     /// When `fp` was last used and its stamp, if it is remembered (and
@@ -231,11 +252,16 @@ impl Ghosts {
     fn take(&mut self, fp: u64) -> Option<(u32, Stamp)> {
         let slot = self.slot(fp);
         let e = self.entries[slot];
-        (e >> 32 == Self::tag(fp)).then(|| {
-            self.entries[slot] = 0;
-            (e as u32, self.stamps[slot])
+        (e.key >> 32 == Self::tag(fp)).then(|| {
+            self.entries[slot].key = 0;
+            (e.key as u32, e.stamp)
         })
     }
+}
+
+/// The 64 bits of `hash` the ghost table keys on (never 0).
+fn fingerprint(hash: BlockHash) -> u64 {
+    (hash.0 as u64) | 1
 }
 
 /// A block's release, packed in 32 bits: whether it was cold (the top bit)
@@ -551,6 +577,10 @@ impl EvictionPolicy for ReturnTime {
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
         self.clock = self.clock.wrapping_add(1);
+        // The blocks it stores look their hashes up in the ghost table.
+        for h in hashes.iter().skip(hit) {
+            self.ghosts.prefetch(fingerprint(*h));
+        }
         if 2 * hit < hashes.len() {
             Retention::Probation
         } else {
@@ -566,7 +596,7 @@ impl EvictionPolicy for ReturnTime {
         parent: Option<BlockId>,
     ) {
         let i = block as usize;
-        let fp = (hash.0 as u64) | 1;
+        let fp = fingerprint(hash);
         self.fingerprint[i] = fp;
         if let Some((last_use, stamp)) = self.ghosts.take(fp) {
             self.ages.record(self.clock.wrapping_sub(last_use));
