@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use cuda_common::*;
 use half::bf16;
-use mla_cache::codec::ElemType;
+use mla_cache::codec::{Decoded, ElemType};
 use mla_cache::store::cuda::{self, KernelLaunch};
 use mla_cache::store::{HostStore, LatentStore, MatrixDesc, Part, VectorDesc};
 use mla_cache::{BlockId, CacheConfig, Dtype};
@@ -500,91 +500,110 @@ fn indexer_write_matches_cpu_codec() {
     }
 }
 
-#[test]
-fn indexer_gathers_match_cpu_codec() {
-    let emu = emulator_or_skip!();
-    for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+/// The bytes of decoded values.
+fn value_bytes<O: Decoded>(values: &[O]) -> &[u8] {
+    // SAFETY: `Decoded` is sealed to `f32` and `bf16`: plain values, no padding.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
+}
+
+/// An indexer layer written through the host store, its bytes, and a
+/// shuffled block table to gather `tokens` tokens by.
+struct IndexerCase {
+    config: CacheConfig,
+    host: HostStore,
+    cache: Vec<u8>,
+    table: Vec<BlockId>,
+    tokens: usize,
+}
+
+impl IndexerCase {
+    const HEAD_DIM: usize = 128;
+
+    fn new(tokens: usize, seed: u64) -> Self {
         let config = indexer_config(tokens);
-        let head_dim = 128;
-        let mut rng = rng(4000 + i as u64);
+        let mut rng = rng(seed);
         let all = config.num_tokens();
-        let keys = sample(&mut rng, ElemType::F32, all * head_dim, true);
+        let keys = sample(&mut rng, ElemType::F32, all * Self::HEAD_DIM, true);
         let slots: Vec<i64> = (0..all as i64).collect();
         let host = HostStore::new(&config).unwrap();
         host.write_indexer(0, keys.values(), &slots).unwrap();
         let cache = indexer_bytes(&host, 0);
         let table = block_table(&mut rng, config.num_blocks);
+        Self {
+            config,
+            host,
+            cache,
+            table,
+            tokens,
+        }
+    }
 
-        let mut expected = vec![0f32; tokens * head_dim];
-        host.gather_indexer_into(0, &table, &mut expected).unwrap();
-        let mut got = vec![f32::from_bits(0xDEAD_BEEF); tokens * head_dim];
-        let out =
-            MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::F32, tokens, head_dim);
-        let table_desc = VectorDesc::from_slice(&table);
-        run(
-            emu,
-            cuda::gather_launch(
-                &config,
-                Part::Indexer,
-                cache.as_ptr() as u64,
-                &table_desc,
-                &out,
-            )
-            .unwrap()
-            .unwrap(),
-        );
-        let bits = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        check_decoded(
-            &format!("indexer gather -> f32, {tokens} tokens"),
-            &bits(&got),
-            &bits(&expected),
-            4,
-            head_dim,
-        );
-
-        let mut expected = vec![bf16::ZERO; tokens * head_dim];
-        host.gather_indexer_into(0, &table, &mut expected).unwrap();
-        let mut got = vec![bf16::from_bits(0xBEEF); tokens * head_dim];
-        let out =
-            MatrixDesc::contiguous(got.as_mut_ptr() as usize, ElemType::Bf16, tokens, head_dim);
-        run(
-            emu,
-            cuda::gather_launch(
-                &config,
-                Part::Indexer,
-                cache.as_ptr() as u64,
-                &table_desc,
-                &out,
-            )
-            .unwrap()
-            .unwrap(),
-        );
-        assert!(
-            got == expected,
-            "indexer gather -> bf16, {tokens} tokens differs"
-        );
-
-        let (mut codes, mut scales) = (vec![0u8; tokens * head_dim], vec![0f32; tokens]);
-        host.gather_indexer_quantized(0, &table, &mut codes, &mut scales)
+    /// The emulated gather into `O` values (the output starts as `fill`)
+    /// against the host store's, bit for bit.
+    fn check_gather<O: Decoded>(&self, emu: EmuLaunch, fill: O) {
+        let n = self.tokens * Self::HEAD_DIM;
+        let mut expected = vec![O::default(); n];
+        self.host
+            .gather_indexer_into(0, &self.table, &mut expected)
             .unwrap();
-        let (mut got_codes, mut got_scales) = (vec![FILL; tokens * head_dim], vec![-1f32; tokens]);
-        run(
-            emu,
-            cuda::indexer_gather_quantized_launch(
-                &config,
-                cache.as_ptr() as u64,
-                &table_desc,
-                &VectorDesc::new(got_codes.as_mut_ptr() as usize, got_codes.len()),
-                &VectorDesc::new(got_scales.as_mut_ptr() as usize, got_scales.len()),
-            )
-            .unwrap()
-            .unwrap(),
+        let mut got = vec![fill; n];
+        let out = MatrixDesc::contiguous(
+            got.as_mut_ptr() as usize,
+            O::TYPE,
+            self.tokens,
+            Self::HEAD_DIM,
         );
-        assert!(
-            got_codes == codes,
-            "quantized gather codes, {tokens} tokens"
+        let launch = cuda::gather_launch(
+            &self.config,
+            Part::Indexer,
+            self.cache.as_ptr() as u64,
+            &VectorDesc::from_slice(&self.table),
+            &out,
         );
-        assert_eq!(bits(&got_scales), bits(&scales), "quantized gather scales");
+        run(emu, launch.unwrap().unwrap());
+        check_decoded(
+            &format!("indexer gather -> {}, {} tokens", O::TYPE, self.tokens),
+            value_bytes(&got),
+            value_bytes(&expected),
+            std::mem::size_of::<O>(),
+            Self::HEAD_DIM,
+        );
+    }
+
+    /// The emulated gather of FP8 codes and scales against the host store's.
+    fn check_gather_quantized(&self, emu: EmuLaunch) {
+        let n = self.tokens * Self::HEAD_DIM;
+        let (mut codes, mut scales) = (vec![0u8; n], vec![0f32; self.tokens]);
+        self.host
+            .gather_indexer_quantized(0, &self.table, &mut codes, &mut scales)
+            .unwrap();
+        let (mut got_codes, mut got_scales) = (vec![FILL; n], vec![-1f32; self.tokens]);
+        let launch = cuda::indexer_gather_quantized_launch(
+            &self.config,
+            self.cache.as_ptr() as u64,
+            &VectorDesc::from_slice(&self.table),
+            &VectorDesc::new(got_codes.as_mut_ptr() as usize, got_codes.len()),
+            &VectorDesc::new(got_scales.as_mut_ptr() as usize, got_scales.len()),
+        );
+        run(emu, launch.unwrap().unwrap());
+        let what = format!("quantized indexer gather, {} tokens", self.tokens);
+        assert!(got_codes == codes, "{what}: codes");
+        assert_eq!(
+            value_bytes(&got_scales),
+            value_bytes(&scales),
+            "{what}: scales"
+        );
+    }
+}
+
+#[test]
+fn indexer_gathers_match_cpu_codec() {
+    let emu = emulator_or_skip!();
+    for (i, &tokens) in EMULATED_TOKEN_COUNTS.iter().enumerate() {
+        let case = IndexerCase::new(tokens, 4000 + i as u64);
+        case.check_gather(emu, f32::from_bits(0xDEAD_BEEF));
+        case.check_gather(emu, bf16::from_bits(0xBEEF));
+        case.check_gather_quantized(emu);
     }
 }
 

@@ -63,3 +63,44 @@ fn turns_are_counted_per_chain_with_chunked_commits_of_interleaved_requests() {
     assert_eq!((cached_tokens(&m, &a3), cached_tokens(&m, &b2)), (0, 8));
     m.check_invariants().unwrap();
 }
+
+#[test]
+fn a_tip_hit_while_its_request_still_prefills_is_no_previous_turn() {
+    let mut config = CacheConfig::new(32);
+    config.block_size = BS;
+    config.hash_seed = Some(7);
+    config.eviction = EvictionPolicyKind::ReturnTime;
+    let m = BlockManager::new(config).unwrap();
+    let chunked = AdmitOptions {
+        chunked_prefill: true,
+        ..AdmitOptions::default()
+    };
+    // A one-off prompt of two blocks, cold, released first.
+    let other: Vec<u32> = (5000..5000 + 2 * BS as u32).collect();
+    m.admit(1, &other, &chunked).unwrap();
+    m.commit(1, other.len()).unwrap();
+    m.free(1).unwrap();
+    // A cold prompt of four blocks, committed one block at a time; after
+    // its first block another request matches that block (its whole
+    // prompt: one block and two tokens) and leaves.
+    let long: Vec<u32> = (0..4 * BS as u32).collect();
+    m.admit(2, &long, &chunked).unwrap();
+    m.commit(2, BS).unwrap();
+    let peek: Vec<u32> = (0..BS as u32 + 2).collect();
+    let hit = m.admit(3, &peek, &AdmitOptions::default()).unwrap();
+    assert_eq!(hit.num_cached_tokens, BS);
+    m.free(3).unwrap();
+    for done in (2 * BS..=long.len()).step_by(BS) {
+        m.commit(2, done).unwrap();
+    }
+    m.free(2).unwrap();
+    // Request 2's own later commits are no extension of a previous turn:
+    // both prompts are cold with no turn, and the older one goes first
+    // (counted as a turn, request 2's blocks would).
+    assert_eq!(m.evict(1), 1);
+    assert_eq!(
+        (cached_tokens(&m, &other), cached_tokens(&m, &long)),
+        (BS, 16)
+    );
+    m.check_invariants().unwrap();
+}

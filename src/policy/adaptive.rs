@@ -124,7 +124,7 @@ impl Shadow {
             };
             self.block_of.insert(key(h), b);
             self.hash_of[b as usize] = key(h);
-            self.policy.on_store(b, *h, retention);
+            self.policy.on_store(b, *h, retention, None);
             self.held.push(b);
         }
         for &b in self.held.iter().rev() {
@@ -208,8 +208,14 @@ impl EvictionPolicy for Adaptive {
         self.real.on_request(hashes, hit)
     }
 
-    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
-        self.real.on_store(block, hash, retention);
+    fn on_store(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        retention: Retention,
+        parent: Option<BlockId>,
+    ) {
+        self.real.on_store(block, hash, retention, parent);
     }
 
     fn insert(&mut self, block: BlockId) {
@@ -278,7 +284,7 @@ mod tests {
                 cached.remove(&old);
             }
             cached.insert(h.0, b);
-            p.on_store(b, *h, retention);
+            p.on_store(b, *h, retention, None);
             held.push(b);
         }
         for &b in held.iter().rev() {

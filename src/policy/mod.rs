@@ -19,7 +19,7 @@
 //!
 //! ```text
 //!   on_request(hashes, hit) ──▶ retention r of the request's new blocks
-//!   on_store(b, h, r) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
+//!   on_store(b, h, r, parent) ──▶ (in use) ──insert(b)──▶ evictable ──evict()──▶ gone (h leaves the index)
 //!                        ▲   on_hit(b)            │
 //!                        └──────── remove(b) ◀────┘  (a hit revives it)
 //!
@@ -66,8 +66,9 @@ pub enum Retention {
 ///   cached. Its answer is the retention of the blocks the request stores.
 ///   (`PrefixCache::insert` counts as a request: its blocks, its leading
 ///   cached ones.)
-/// - [`on_store`](Self::on_store)`(b, h, r)`: block `b` entered the prefix
-///   index under `h`, stored by a request whose retention is `r`; its
+/// - [`on_store`](Self::on_store)`(b, h, r, parent)`: block `b` entered the
+///   prefix index under `h`, stored by a request whose retention is `r`,
+///   under `parent` (the block holding the chain's previous hash); its
 ///   contents are new. `b` is in use, never evictable, then.
 /// - [`insert`](Self::insert)`(b)`: the last holder of a cached block released
 ///   it; it is evictable from now on. Blocks of a request are released tail
@@ -97,19 +98,16 @@ pub trait EvictionPolicy: Send + fmt::Debug {
         Retention::Keep
     }
     /// `block` entered the prefix index under `hash` (it is in use), stored
-    /// by a request whose retention is `retention`.
-    fn on_store(&mut self, _block: BlockId, _hash: BlockHash, _retention: Retention) {}
-    /// [`on_store`](Self::on_store), told the chain's previous block
-    /// (`parent`, cached; `None`: a root or not cached): the manager stores
-    /// through this, so a chain's later commits keep their parent.
-    fn on_store_under(
+    /// by a request whose retention is `retention`, under `parent`: the
+    /// block holding the chain's previous hash (cached; `None`: a root, or
+    /// a caller that does not know chains).
+    fn on_store(
         &mut self,
-        block: BlockId,
-        hash: BlockHash,
-        retention: Retention,
+        _block: BlockId,
+        _hash: BlockHash,
+        _retention: Retention,
         _parent: Option<BlockId>,
     ) {
-        self.on_store(block, hash, retention);
     }
     /// `block` became evictable (its last holder released it).
     fn insert(&mut self, block: BlockId);
@@ -232,7 +230,7 @@ mod tests {
                                     None => continue,
                                 },
                             };
-                            p.on_store(b, BlockHash(u128::from(h) * 977), retention);
+                            p.on_store(b, BlockHash(u128::from(h) * 977), retention, None);
                             held.push(b);
                         }
                         Op::Release(i) if !held.is_empty() => {

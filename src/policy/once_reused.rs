@@ -264,7 +264,13 @@ impl EvictionPolicy for OnceReused {
         }
     }
 
-    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
+    fn on_store(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        retention: Retention,
+        _parent: Option<BlockId>,
+    ) {
         debug_assert_eq!(self.class[block as usize], Class::Uncached);
         let fp = fingerprint(hash);
         self.fingerprint[block as usize] = fp;
@@ -367,7 +373,7 @@ mod tests {
 
     /// Stores `block` under `hash` and releases it at once.
     fn store_free(p: &mut OnceReused, block: BlockId, hash: u128) {
-        p.on_store(block, h(hash), Retention::Keep);
+        p.on_store(block, h(hash), Retention::Keep, None);
         p.insert(block);
     }
 
@@ -375,7 +381,7 @@ mod tests {
     fn blocks_seen_once_go_before_reused_ones() {
         let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         for b in 0..3 {
-            p.on_store(b, h(b as u128), Retention::Keep);
+            p.on_store(b, h(b as u128), Retention::Keep, None);
         }
         p.on_hit(1);
         for b in (0..3).rev() {
@@ -435,7 +441,7 @@ mod tests {
     fn a_dropped_block_is_forgotten_without_a_ghost() {
         let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         store_free(&mut p, 0, 10);
-        p.on_store(1, h(11), Retention::Keep); // in use
+        p.on_store(1, h(11), Retention::Keep, None); // in use
         p.remove(0);
         p.forget(0);
         p.forget(1);
@@ -460,13 +466,13 @@ mod tests {
         // A request that found 3 of its 4 blocks cached is a resident's: keep.
         let kept = p.on_request(&hashes(4), 3);
         assert_eq!(kept, Retention::Keep);
-        p.on_store(0, h(10), kept);
-        p.on_store(1, h(11), kept);
+        p.on_store(0, h(10), kept, None);
+        p.on_store(1, h(11), kept, None);
         // A cold one (1 of 4): its blocks go on probation.
         let cold = p.on_request(&hashes(4), 1);
         assert_eq!(cold, Retention::Probation);
-        p.on_store(2, h(12), cold);
-        p.on_store(3, h(13), cold);
+        p.on_store(2, h(12), cold, None);
+        p.on_store(3, h(13), cold, None);
         for b in [1, 0, 3, 2] {
             p.insert(b); // each request's blocks released tail first
         }
@@ -492,12 +498,12 @@ mod tests {
     #[test]
     fn residency_ignores_ghost_returns_but_promotes_hits() {
         let mut p = OnceReused::new(4, Rule::Residency).unwrap();
-        p.on_store(0, h(10), Retention::Probation);
+        p.on_store(0, h(10), Retention::Probation, None);
         p.insert(0);
         assert_eq!(p.evict(), Some(0)); // hash 10 enters the once ghosts
                                         // ARC sees its return as reuse; a cold session coming back after the
                                         // cache turned over stays on probation under residency.
-        p.on_store(0, h(10), Retention::Probation);
+        p.on_store(0, h(10), Retention::Probation, None);
         assert_eq!((p.class[0], p.kept[0]), (Class::Reused, false));
         assert_eq!(p.target, 1, "the target is still learned");
         p.on_hit(0);
@@ -507,8 +513,8 @@ mod tests {
     #[test]
     fn arc_ignores_retention() {
         let mut p = OnceReused::new(4, Rule::Arc).unwrap();
-        p.on_store(0, h(10), Retention::Keep);
-        p.on_store(1, h(11), Retention::Probation);
+        p.on_store(0, h(10), Retention::Keep, None);
+        p.on_store(1, h(11), Retention::Probation, None);
         assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
         assert_eq!(
             (p.kept[0], p.kept[1]),
@@ -525,9 +531,9 @@ mod tests {
         let mut p = OnceReused::new(8, Rule::Arc).unwrap();
         // Released in this order: 0 once and kept, 1 once on probation,
         // 2 reused and kept (a hit).
-        p.on_store(0, h(10), Retention::Keep);
-        p.on_store(1, h(11), Retention::Probation);
-        p.on_store(2, h(12), Retention::Probation);
+        p.on_store(0, h(10), Retention::Keep, None);
+        p.on_store(1, h(11), Retention::Probation, None);
+        p.on_store(2, h(12), Retention::Probation, None);
         p.on_hit(2);
         for b in [0, 1, 2] {
             p.insert(b);
@@ -594,7 +600,7 @@ mod tests {
                         } else {
                             Retention::Probation
                         };
-                        p.on_store(b, h(hash), retention);
+                        p.on_store(b, h(hash), retention, None);
                         prop_assert_eq!(p.kept[b as usize], retention == Retention::Keep);
                         held.push(b);
                     }

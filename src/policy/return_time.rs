@@ -10,11 +10,11 @@
 //!            blocks cached, and not hit since (a hit makes it warm)
 //!     turns  the times its chain was extended above it, 0 to 15, fixed
 //!            when it is stored under the parent its caller names: the
-//!            parent's turns, plus one when the parent had no cached child
-//!            and was hit since it was stored (the tip a previous turn
-//!            stored: an extension); a child added under a block that has
-//!            one already is a fork, and one under a block never hit the
-//!            same request's next commit. A released path takes its
+//!            parent's turns, plus one when the parent had no cached child,
+//!            was released since it was stored and hit since (the tip a
+//!            previous turn stored: an extension); a child added under a
+//!            block that has one already is a fork, and one under a block
+//!            never hit or not yet released the same request's next commit. A released path takes its
 //!            deepest block's turns (released deepest first, a block right
 //!            after its child takes the larger of the two)
 //!     shared a block hit 16 times or more (a system prompt): its own class
@@ -62,9 +62,11 @@
 //! Costs: O(1) per call: a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
-//! 128-bucket age tables are rebuilt. Memory: 57 bytes per block, and the
-//! ghost table, 12 bytes per entry, two entries per block rounded up to a
-//! power of two: 81 to 105 bytes per block.
+//! 128-bucket age tables are rebuilt. Memory: 58 bytes per block, and the
+//! ghost table, 16 bytes per entry (one cache line per look-up, fetched
+//! ahead when the request is admitted), two entries per block rounded up to
+//! a power of two: 90 to 122 bytes per block. Shared blocks' returns are
+//! not learned (their class is never ranked by age).
 
 use super::near_returns::NearReturns;
 use super::{EvictionPolicy, Retention};
@@ -72,6 +74,7 @@ use crate::alloc::filled;
 use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::ids::BlockId;
+use crate::index::prefetch_line;
 
 const NIL: u32 = u32::MAX;
 /// Turn counts told apart; more count as the last.
@@ -194,17 +197,28 @@ impl ReturnAges {
 /// eviction overwrites).
 #[derive(Debug)]
 struct Ghosts {
-    entries: Vec<u64>,
-    stamps: Vec<Stamp>,
+    entries: Vec<Ghost>,
     mask: usize,
+}
+
+/// One slot of [`Ghosts`]: its tag and last use, and its release stamp, in
+/// one cache line.
+#[derive(Debug, Clone, Copy)]
+struct Ghost {
+    /// The tag (32 bits, never 0: 0 is an empty slot) and the last use.
+    key: u64,
+    stamp: Stamp,
 }
 
 impl Ghosts {
     fn new(num_blocks: usize) -> Result<Self> {
         let len = num_blocks.max(1).saturating_mul(2).next_power_of_two();
+        let empty = Ghost {
+            key: 0,
+            stamp: Stamp(0),
+        };
         Ok(Self {
-            entries: filled(len, 0, "the policy's ghost table")?,
-            stamps: filled(len, Stamp(0), "the policy's ghost table")?,
+            entries: filled(len, empty, "the policy's ghost table")?,
             mask: len - 1,
         })
     }
@@ -218,12 +232,19 @@ impl Ghosts {
         (fp >> 32) | 1
     }
 
+    /// Brings `fp`'s slot into the cache ahead of a `take`.
+    fn prefetch(&self, fp: u64) {
+        prefetch_line((&raw const self.entries[self.slot(fp)]).cast());
+    }
+
     /// Remembers that `fp`, last used at `clock` and released as `stamp`
     /// says, was evicted.
     fn push(&mut self, fp: u64, clock: u32, stamp: Stamp) {
         let slot = self.slot(fp);
-        self.entries[slot] = Self::tag(fp) << 32 | u64::from(clock);
-        self.stamps[slot] = stamp;
+        self.entries[slot] = Ghost {
+            key: Self::tag(fp) << 32 | u64::from(clock),
+            stamp,
+        };
     }
 
     /// When `fp` was last used and its stamp, if it is remembered (and
@@ -231,11 +252,16 @@ impl Ghosts {
     fn take(&mut self, fp: u64) -> Option<(u32, Stamp)> {
         let slot = self.slot(fp);
         let e = self.entries[slot];
-        (e >> 32 == Self::tag(fp)).then(|| {
-            self.entries[slot] = 0;
-            (e as u32, self.stamps[slot])
+        (e.key >> 32 == Self::tag(fp)).then(|| {
+            self.entries[slot].key = 0;
+            (e.key as u32, e.stamp)
         })
     }
+}
+
+/// The 64 bits of `hash` the ghost table keys on (never 0).
+fn fingerprint(hash: BlockHash) -> u64 {
+    (hash.0 as u64) | 1
 }
 
 /// A block's release, packed in 32 bits: whether it was cold (the top bit)
@@ -305,6 +331,9 @@ pub(crate) struct ReturnTime {
     /// Cached blocks stored with this one as their parent (saturating:
     /// 255 stays).
     children: Vec<u8>,
+    /// Released since stored: the request that stored it let it go, so it
+    /// may be a finished turn's tip.
+    released: Vec<bool>,
     /// The block before this one in its chain when it was stored (NIL: a
     /// root), and that block's `stored` number then.
     parent: Vec<u32>,
@@ -321,6 +350,9 @@ pub(crate) struct ReturnTime {
     /// The block released last and the turns its class took.
     last_released: u32,
     last_turns: u8,
+    /// Whether the path being released is one chain so far (no block of
+    /// it had another cached child): its blocks keep its turns.
+    last_chain: bool,
 }
 
 impl ReturnTime {
@@ -348,6 +380,7 @@ impl ReturnTime {
             order: class_order(),
             turns: filled(num_blocks, 0, "the policy's turns")?,
             children: filled(num_blocks, 0, "the policy's chains")?,
+            released: filled(num_blocks, false, "the policy's chains")?,
             parent: filled(num_blocks, NIL, "the policy's chains")?,
             parent_stored: filled(num_blocks, 0, "the policy's chains")?,
             stored: filled(num_blocks, 0, "the policy's chains")?,
@@ -357,6 +390,7 @@ impl ReturnTime {
             near: NearReturns::new(num_blocks),
             last_released: NIL,
             last_turns: 0,
+            last_chain: true,
         })
     }
 
@@ -543,6 +577,10 @@ impl EvictionPolicy for ReturnTime {
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
         self.clock = self.clock.wrapping_add(1);
+        // The blocks it stores look their hashes up in the ghost table.
+        for h in hashes.iter().skip(hit) {
+            self.ghosts.prefetch(fingerprint(*h));
+        }
         if 2 * hit < hashes.len() {
             Retention::Probation
         } else {
@@ -550,11 +588,7 @@ impl EvictionPolicy for ReturnTime {
         }
     }
 
-    fn on_store(&mut self, block: BlockId, hash: BlockHash, retention: Retention) {
-        self.on_store_under(block, hash, retention, None);
-    }
-
-    fn on_store_under(
+    fn on_store(
         &mut self,
         block: BlockId,
         hash: BlockHash,
@@ -562,7 +596,7 @@ impl EvictionPolicy for ReturnTime {
         parent: Option<BlockId>,
     ) {
         let i = block as usize;
-        let fp = (hash.0 as u64) | 1;
+        let fp = fingerprint(hash);
         self.fingerprint[i] = fp;
         if let Some((last_use, stamp)) = self.ghosts.take(fp) {
             self.ages.record(self.clock.wrapping_sub(last_use));
@@ -575,13 +609,16 @@ impl EvictionPolicy for ReturnTime {
         self.stores = self.stores.wrapping_add(1);
         self.stored[i] = self.stores;
         self.children[i] = 0;
+        self.released[i] = false;
         self.parent[i] = parent.unwrap_or(NIL);
         if let Some(p) = parent {
             let p = p as usize;
-            // Under the tip a previous request stored and a later one hit:
-            // an extension; under a block with a child: a fork; under a
-            // block never hit: the same request's next commit.
-            let extends = self.children[p] == 0 && self.hits[p] > 0;
+            // Under the tip a previous request stored and released, and a
+            // later one hit: an extension; under a block with a child: a
+            // fork; under a block never hit, or not yet released (another
+            // request hit it while its own still prefills): the same
+            // request's next commit.
+            let extends = self.children[p] == 0 && self.hits[p] > 0 && self.released[p];
             self.turns[i] = if self.hits[p] >= SHARED_HITS {
                 0
             } else {
@@ -596,17 +633,26 @@ impl EvictionPolicy for ReturnTime {
     fn insert(&mut self, block: BlockId) {
         let i = block as usize;
         self.revived_age[i] = NIL;
+        self.released[i] = true;
         // A path is released deepest first: a parent released right after
         // its child takes the child's turns (the chain's, as the request
-        // that used it left them).
+        // that used it left them), and keeps them when the child is its
+        // only one (the chain's count survives the eviction of its tail;
+        // a prefix forked from keeps its own).
         let l = self.last_released;
         let below = l != NIL
             && self.parent[l as usize] == block
             && self.parent_stored[l as usize] == self.stored[i]
             && self.released_at[l as usize] == self.clock;
         self.classify(block);
-        if below && self.class[i] != SHARED as u8 {
+        let shared = self.class[i] == SHARED as u8;
+        let keeps = below && self.last_chain && self.children[i] <= 1 && !shared;
+        self.last_chain = !below || keeps;
+        if below && !shared {
             let turns = self.turns[i].max(self.last_turns);
+            if keeps {
+                self.turns[i] = turns;
+            }
             self.class[i] = class_of(self.cold[i], turns) as u8;
         }
         self.last_released = block;
@@ -637,7 +683,13 @@ impl EvictionPolicy for ReturnTime {
         let i = block as usize;
         let age = std::mem::replace(&mut self.revived_age[i], NIL);
         if age != NIL {
-            self.ages.record(age);
+            // A shared block is never ranked by its age (its class goes
+            // last, oldest first): its frequent returns would teach the
+            // other classes' young-or-old choice, and the horizon, ages
+            // that are not theirs.
+            if self.hits[i] < SHARED_HITS {
+                self.ages.record(age);
+            }
             self.returned(self.stamp[i]);
         }
         // The prefix cache takes a path out of the order before counting its
@@ -705,7 +757,7 @@ mod tests {
                 victims.push(b);
             }
             let parent = k.checked_sub(1).map(|j| path[j].1);
-            p.on_store_under(b, h, retention, parent);
+            p.on_store(b, h, retention, parent);
         }
         for &(_, b) in path.iter().rev() {
             p.insert(b);
@@ -719,10 +771,10 @@ mod tests {
         let h = hashes(0, 4);
         // Warm: 3 of 4 cached (stored by nobody here: a fresh policy).
         assert_eq!(p.on_request(&h, 2), Retention::Keep);
-        p.on_store(0, h[0], Retention::Keep);
+        p.on_store(0, h[0], Retention::Keep, None);
         let cold = p.on_request(&hashes(10, 4), 1);
         assert_eq!(cold, Retention::Probation);
-        p.on_store(1, hashes(10, 1)[0], cold);
+        p.on_store(1, hashes(10, 1)[0], cold, None);
         p.insert(0);
         p.insert(1);
         assert_eq!((p.evict(), p.evict(), p.evict()), (Some(1), Some(0), None));
@@ -734,10 +786,10 @@ mod tests {
             // A warm request's block, released first, then a cold one's.
             let h = hashes(0, 4);
             p.on_request(&h, 2);
-            p.on_store(0, h[0], Retention::Keep);
+            p.on_store(0, h[0], Retention::Keep, None);
             p.insert(0);
             let cold = p.on_request(&hashes(10, 4), 1);
-            p.on_store(1, hashes(10, 1)[0], cold);
+            p.on_store(1, hashes(10, 1)[0], cold, None);
             p.insert(1);
         };
         let mut p = ReturnTime::new(8).unwrap();
@@ -794,16 +846,20 @@ mod tests {
             }
         }
         assert_eq!(order, [20], "the chain extended once goes first");
+        // The path released with 20 kept its turn up to the fork point
+        // (3 and 2, each 20's chain's only child; not 1, which the forks
+        // share, nor 0 above it).
+        assert_eq!(p.turns[..4], [0, 0, 1, 1]);
         path.truncate(4);
         path.push((hashes(300, 1)[0], 21));
         free.push(20);
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.turns[21], 1, "the tip again, extended once above");
-        // The next turn extends the new tip: two turns above its blocks.
+        assert_eq!(p.turns[21], 2, "the tip again, the chain's second turn");
+        // The next turn extends the new tip: three turns above its blocks.
         path.push((hashes(400, 2)[0], 22));
         path.push((hashes(400, 2)[1], 23));
         request(&mut p, &path, 5, &mut free);
-        assert_eq!(p.turns[22..24], [2, 2]);
+        assert_eq!(p.turns[22..24], [3, 3]);
     }
 
     #[test]
@@ -864,7 +920,7 @@ mod tests {
         // Teach it that blocks come back 200 requests after their release.
         for round in 0..RELEARN_PERIOD as u128 {
             let h = BlockHash(round << 1);
-            p.on_store(0, h, Retention::Keep);
+            p.on_store(0, h, Retention::Keep, None);
             p.insert(0);
             for _ in 0..200 {
                 p.on_request(&[], 0);
@@ -902,13 +958,13 @@ mod tests {
     fn a_stored_hash_that_was_evicted_records_its_return_age() {
         let mut p = ReturnTime::new(4).unwrap();
         let h = BlockHash(42 << 1);
-        p.on_store(0, h, Retention::Keep);
+        p.on_store(0, h, Retention::Keep, None);
         p.insert(0);
         assert_eq!(p.evict(), Some(0));
         for _ in 0..7 {
             p.on_request(&[], 0);
         }
-        p.on_store(1, h, Retention::Keep);
+        p.on_store(1, h, Retention::Keep, None);
         assert_eq!(p.ages.total, 1);
         assert_eq!(p.ages.counts[bucket_of(7)], 1);
     }
@@ -916,7 +972,7 @@ mod tests {
     #[test]
     fn a_block_hit_16_times_is_shared_and_goes_last() {
         let mut p = ReturnTime::new(4).unwrap();
-        p.on_store(0, BlockHash(2), Retention::Keep);
+        p.on_store(0, BlockHash(2), Retention::Keep, None);
         for _ in 0..SHARED_HITS {
             p.on_request(&[], 0);
             p.on_hit(0);
@@ -924,7 +980,7 @@ mod tests {
         assert_eq!(usize::from(p.class[0]), SHARED);
         p.insert(0);
         p.on_request(&hashes(9, 1), 0);
-        p.on_store(1, BlockHash(4), Retention::Probation);
+        p.on_store(1, BlockHash(4), Retention::Probation, None);
         p.insert(1);
         assert_eq!((p.evict(), p.evict()), (Some(1), Some(0)));
     }
@@ -1014,7 +1070,7 @@ mod tests {
                         free.push(b);
                         break;
                     }
-                    p.on_store_under(b, *h, retention, path.last().copied());
+                    p.on_store(b, *h, retention, path.last().copied());
                     cached.insert(*h, b);
                     parent.insert(b, path.last().copied());
                     path.push(b);

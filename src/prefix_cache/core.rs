@@ -208,7 +208,7 @@ impl Prefixes {
     /// `hashes[i]`, holding `tokens[i * block_size..]`. Blocks already
     /// cached are skipped; a block whose hash another block holds stays
     /// uncached (a duplicate). Stored blocks are new to the policy
-    /// (`on_store_under` with `retention` and the block holding the previous
+    /// (`on_store` with `retention` and the block holding the previous
     /// hash) and evictable unless locked; each run
     /// of consecutive stored blocks is one `BlockStored` event.
     #[allow(clippy::too_many_arguments)]
@@ -249,7 +249,7 @@ impl Prefixes {
                 let slot = &mut st.slots[b as usize];
                 slot.hash = Some(hash);
                 slot.shard = shard;
-                st.policy.on_store_under(b, hash, retention, parent);
+                st.policy.on_store(b, hash, retention, parent);
                 if slot.locks == 0 {
                     st.policy.insert(b);
                 }
@@ -555,7 +555,7 @@ mod tests {
         fn name(&self) -> &'static str {
             "parents"
         }
-        fn on_store_under(&mut self, b: BlockId, _: BlockHash, _: Retention, p: Option<BlockId>) {
+        fn on_store(&mut self, b: BlockId, _: BlockHash, _: Retention, p: Option<BlockId>) {
             self.1.lock().unwrap().push((b, p));
         }
         fn insert(&mut self, b: BlockId) {

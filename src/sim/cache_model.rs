@@ -118,7 +118,7 @@ fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) 
                     .checked_sub(1)
                     .map(|i| block_of[r.keys[i] as usize])
                     .filter(|&p| p != NONE);
-                policy.on_store_under(b, keys.hash(k), retention, parent);
+                policy.on_store(b, keys.hash(k), retention, parent);
             }
         }
         for &b in held.iter().rev() {
