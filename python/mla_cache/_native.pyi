@@ -356,7 +356,9 @@ class BlockManager:
         (never fits, or already admitted). ``block_hashes``: the engine's
         digests of the full blocks (vLLM's ``request.block_hashes``), used
         instead of hashing the tokens (``block_hash`` ``sha256_cbor`` or
-        ``xxhash_cbor`` only)."""
+        ``xxhash_cbor`` only). A contiguous ``int32``/``uint32``/``int64``
+        numpy prompt is read in place, without the GIL from 1,024 tokens: no
+        other thread may write to it during the call."""
     def match_prefix(
         self, tokens: TokenIds, *, extra_keys: ExtraKeysLike = None, salt: Optional[str] = None
     ) -> PrefixMatch:

@@ -91,8 +91,14 @@ impl BlockManager {
     ///
     /// All or nothing: the request holds exactly
     /// ``ceil((len(tokens) + decode_slots) / block_size)`` blocks, or the call
-    /// raises ``OutOfBlocks`` (fits later) or ``ValueError`` (never fits, or
-    /// the id is already admitted) and changes nothing.
+    /// raises ``OutOfBlocks`` (fits later) or ``ValueError`` (never fits, a
+    /// token outside ``0..2**32``, or the id is already admitted) and changes
+    /// nothing.
+    ///
+    /// ``tokens`` is a sequence of ints or a 1-D array; a contiguous numpy
+    /// array of ``int32``, ``uint32`` or ``int64`` is read in place as it is
+    /// hashed (without the GIL from 1,024 tokens): no other thread may write
+    /// to it during the call.
     ///
     /// With ``chunked_prefill=True`` the engine reports progress with
     /// ``commit``, and uncomputed blocks are never served to other requests;
