@@ -99,8 +99,8 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     }
     /// `block` entered the prefix index under `hash` (it is in use), stored
     /// by a request whose retention is `retention`, under `parent`: the
-    /// block holding the chain's previous hash (cached; `None`: a root, or
-    /// a caller that does not know chains).
+    /// block holding the chain's previous hash (`None`: a root, a previous
+    /// block no longer cached, or a caller that does not know chains).
     fn on_store(
         &mut self,
         _block: BlockId,

@@ -59,14 +59,15 @@
 //! fork, or a system prompt in its first 16 uses): the parent is then
 //! younger, and may be the young end picked.
 //!
-//! Costs: O(1) per call: a block moves between intrusive lists; eviction
+//! Costs: O(1) per call (`on_request`: O(1) per uncached block, whose
+//! ghost entries it prefetches): a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
 //! 128-bucket age tables are rebuilt. Memory: 58 bytes per block, and the
 //! ghost table, 16 bytes per entry (one cache line per look-up, fetched
 //! ahead when the request is admitted), two entries per block rounded up to
-//! a power of two: 90 to 122 bytes per block. Shared blocks' returns are
-//! not learned (their class is never ranked by age).
+//! a power of two: 90 to 122 bytes per block. Shared blocks' returns do
+//! not teach the age tables (they still count as near returns).
 
 use super::near_returns::NearReturns;
 use super::{EvictionPolicy, Retention};
@@ -331,8 +332,8 @@ pub(crate) struct ReturnTime {
     /// Cached blocks stored with this one as their parent (saturating:
     /// 255 stays).
     children: Vec<u8>,
-    /// Released since stored: the request that stored it let it go, so it
-    /// may be a finished turn's tip.
+    /// Released since stored: its last holder (pins included) let it go,
+    /// so it may be a finished turn's tip.
     released: Vec<bool>,
     /// The block before this one in its chain when it was stored (NIL: a
     /// root), and that block's `stored` number then.
@@ -683,10 +684,9 @@ impl EvictionPolicy for ReturnTime {
         let i = block as usize;
         let age = std::mem::replace(&mut self.revived_age[i], NIL);
         if age != NIL {
-            // A shared block is never ranked by its age (its class goes
-            // last, oldest first): its frequent returns would teach the
-            // other classes' young-or-old choice, and the horizon, ages
-            // that are not theirs.
+            // A shared block's returns do not teach the age tables: its
+            // frequent returns would teach the other classes' young-or-old
+            // choice, and the horizon, ages that are not theirs.
             if self.hits[i] < SHARED_HITS {
                 self.ages.record(age);
             }
