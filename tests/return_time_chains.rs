@@ -12,21 +12,26 @@ fn prompt(first: u32, turn: u32) -> Vec<u32> {
     (first..first + 2 * BS as u32 * turn).collect()
 }
 
+/// A 32-block `return_time` manager, and the options of a chunked admission.
+fn manager() -> (BlockManager, AdmitOptions) {
+    let mut config = CacheConfig::new(32);
+    config.block_size = BS;
+    config.hash_seed = Some(7);
+    config.eviction = EvictionPolicyKind::ReturnTime;
+    let chunked = AdmitOptions {
+        chunked_prefill: true,
+        ..AdmitOptions::default()
+    };
+    (BlockManager::new(config).unwrap(), chunked)
+}
+
 fn cached_tokens(m: &BlockManager, tokens: &[u32]) -> usize {
     m.match_prefix(tokens, &ExtraKeys::default()).num_tokens
 }
 
 #[test]
 fn turns_are_counted_per_chain_with_chunked_commits_of_interleaved_requests() {
-    let mut config = CacheConfig::new(32);
-    config.block_size = BS;
-    config.hash_seed = Some(7);
-    config.eviction = EvictionPolicyKind::ReturnTime;
-    let m = BlockManager::new(config).unwrap();
-    let chunked = AdmitOptions {
-        chunked_prefill: true,
-        ..AdmitOptions::default()
-    };
+    let (m, chunked) = manager();
     // Admitted turns are committed one block at a time, past what was cached.
     let commit_in_chunks = |ids: &[(u64, usize)]| {
         let longest = ids.iter().map(|&(_, len)| len).max().unwrap_or(0);
@@ -66,15 +71,7 @@ fn turns_are_counted_per_chain_with_chunked_commits_of_interleaved_requests() {
 
 #[test]
 fn a_tip_hit_while_its_request_still_prefills_is_no_previous_turn() {
-    let mut config = CacheConfig::new(32);
-    config.block_size = BS;
-    config.hash_seed = Some(7);
-    config.eviction = EvictionPolicyKind::ReturnTime;
-    let m = BlockManager::new(config).unwrap();
-    let chunked = AdmitOptions {
-        chunked_prefill: true,
-        ..AdmitOptions::default()
-    };
+    let (m, chunked) = manager();
     // A one-off prompt of two blocks, cold, released first.
     let other: Vec<u32> = (5000..5000 + 2 * BS as u32).collect();
     m.admit(1, &other, &chunked).unwrap();
