@@ -63,10 +63,11 @@
 //! ghost entries it prefetches): a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
-//! 128-bucket age tables are rebuilt. Memory: 58 bytes per block, and the
-//! ghost table, 16 bytes per entry (one cache line per look-up, fetched
-//! ahead when the request is admitted), two entries per block rounded up to
-//! a power of two: 90 to 122 bytes per block. Shared blocks' returns do
+//! 128-bucket age tables are rebuilt. Memory: a 64-byte record per block
+//! (one cache line per block touched) and 8 bytes of groups, and the ghost
+//! table, 16 bytes per entry (one cache line per look-up, fetched ahead
+//! when the request is admitted), two entries per block rounded up to a
+//! power of two: 104 to 136 bytes per block. Shared blocks' returns do
 //! not teach the age tables (they still count as near returns).
 
 use super::near_returns::NearReturns;
@@ -296,14 +297,68 @@ fn free_groups(num_blocks: usize) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// What the policy knows of one block, in one cache line: every call on a
+/// block (and on its parent, list neighbours or last released child) reads
+/// and writes one record.
+#[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
+struct Record {
+    fingerprint: u64,
+    /// Links of its class list (each in release order, oldest first).
+    prev: u32,
+    next: u32,
+    /// Its group while listed (NIL: not evictable).
+    group: u32,
+    /// The clock when it last became evictable.
+    released_at: u32,
+    /// Its age when a hit revived it, until `on_hit` records it.
+    revived_age: u32,
+    /// The block before it in its chain when it was stored (NIL: a root),
+    /// and that block's `stored` number then.
+    parent: u32,
+    parent_stored: u32,
+    /// Stores so far when it was stored: tells a parent's block reused
+    /// since from the parent itself.
+    stored: u32,
+    /// Its last release.
+    stamp: Stamp,
+    class: u8,
+    /// Last used by a cold request.
+    cold: bool,
+    /// Hits since stored, up to `SHARED_HITS`.
+    hits: u8,
+    /// Times the chain was extended above it, up to `TURNS - 1`.
+    turns: u8,
+    /// Cached blocks stored with it as their parent (saturating: 255 stays).
+    children: u8,
+    /// Released since stored: its last holder (pins included) let it go,
+    /// so it may be a finished turn's tip.
+    released: bool,
+}
+
+const NEVER_STORED: Record = Record {
+    fingerprint: 0,
+    prev: NIL,
+    next: NIL,
+    group: NIL,
+    released_at: 0,
+    revived_age: NIL,
+    parent: NIL,
+    parent_stored: 0,
+    stored: 0,
+    stamp: Stamp(0),
+    class: 0,
+    cold: false,
+    hits: 0,
+    turns: 0,
+    children: 0,
+    released: false,
+};
+
 /// Return time over the evictable set (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ReturnTime {
-    /// Links of the class lists (each in release order, oldest first).
-    prev: Vec<u32>,
-    next: Vec<u32>,
-    /// A listed block's group (NIL: not evictable).
-    group: Vec<u32>,
+    blocks: Vec<Record>,
     /// First (deepest) block of each group still listed.
     group_first: Vec<u32>,
     free_groups: Vec<u32>,
@@ -312,39 +367,12 @@ pub(crate) struct ReturnTime {
     /// Bit `c` set while class `c` lists a block.
     nonempty: u64,
     len: usize,
-    class: Vec<u8>,
-    /// Last used by a cold request.
-    cold: Vec<bool>,
-    /// Hits since stored, up to `SHARED_HITS`.
-    hits: Vec<u8>,
-    /// The clock when the block last became evictable.
-    released_at: Vec<u32>,
-    /// The block's age when a hit revived it, until `on_hit` records it.
-    revived_age: Vec<u32>,
-    fingerprint: Vec<u64>,
     /// Requests admitted so far: the policy's clock.
     clock: u32,
     ages: ReturnAges,
     ghosts: Ghosts,
     order: [u8; CLASSES],
-    /// Times the chain was extended above this block, up to `TURNS - 1`.
-    turns: Vec<u8>,
-    /// Cached blocks stored with this one as their parent (saturating:
-    /// 255 stays).
-    children: Vec<u8>,
-    /// Released since stored: its last holder (pins included) let it go,
-    /// so it may be a finished turn's tip.
-    released: Vec<bool>,
-    /// The block before this one in its chain when it was stored (NIL: a
-    /// root), and that block's `stored` number then.
-    parent: Vec<u32>,
-    parent_stored: Vec<u32>,
-    /// Stores so far when the block was stored: tells a parent's block
-    /// reused since from the parent itself.
-    stored: Vec<u32>,
     stores: u32,
-    /// The block's last release.
-    stamp: Vec<Stamp>,
     releases: u32,
     /// Whether cold blocks go first, from how often each kind returns near.
     near: NearReturns,
@@ -360,33 +388,18 @@ impl ReturnTime {
     /// An empty policy for a cache of `num_blocks` blocks.
     pub(crate) fn new(num_blocks: usize) -> Result<Self> {
         Ok(Self {
-            prev: filled(num_blocks, NIL, "the policy's lists")?,
-            next: filled(num_blocks, NIL, "the policy's lists")?,
-            group: filled(num_blocks, NIL, "the policy's groups")?,
+            blocks: filled(num_blocks, NEVER_STORED, "the policy's records")?,
             group_first: filled(num_blocks, NIL, "the policy's groups")?,
             free_groups: free_groups(num_blocks)?,
             head: [NIL; CLASSES],
             tail: [NIL; CLASSES],
             nonempty: 0,
             len: 0,
-            class: filled(num_blocks, 0, "the policy's classes")?,
-            cold: filled(num_blocks, false, "the policy's classes")?,
-            hits: filled(num_blocks, 0, "the policy's hit counts")?,
-            released_at: filled(num_blocks, 0, "the policy's clocks")?,
-            revived_age: filled(num_blocks, NIL, "the policy's clocks")?,
-            fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
             clock: 0,
             ages: ReturnAges::new(),
             ghosts: Ghosts::new(num_blocks)?,
             order: class_order(),
-            turns: filled(num_blocks, 0, "the policy's turns")?,
-            children: filled(num_blocks, 0, "the policy's chains")?,
-            released: filled(num_blocks, false, "the policy's chains")?,
-            parent: filled(num_blocks, NIL, "the policy's chains")?,
-            parent_stored: filled(num_blocks, 0, "the policy's chains")?,
-            stored: filled(num_blocks, 0, "the policy's chains")?,
             stores: 0,
-            stamp: filled(num_blocks, Stamp(0), "the policy's clocks")?,
             releases: 0,
             near: NearReturns::new(num_blocks),
             last_released: NIL,
@@ -396,43 +409,43 @@ impl ReturnTime {
     }
 
     fn age(&self, b: BlockId) -> u32 {
-        self.clock.wrapping_sub(self.released_at[b as usize])
+        self.clock.wrapping_sub(self.blocks[b as usize].released_at)
     }
 
     /// Sets `b`'s class from its hits, coldness and turns.
     fn classify(&mut self, b: BlockId) {
         let i = b as usize;
-        self.class[i] = if self.hits[i] >= SHARED_HITS {
+        self.blocks[i].class = if self.blocks[i].hits >= SHARED_HITS {
             SHARED as u8
         } else {
-            class_of(self.cold[i], self.turns[i]) as u8
+            class_of(self.blocks[i].cold, self.blocks[i].turns) as u8
         };
     }
 
     /// Lists `b` at the young end of its class, in the current group.
     fn push(&mut self, b: BlockId) {
         let i = b as usize;
-        let c = usize::from(self.class[i]);
-        self.released_at[i] = self.clock;
+        let c = usize::from(self.blocks[i].class);
+        self.blocks[i].released_at = self.clock;
         self.releases = self.releases.wrapping_add(1);
-        self.stamp[i] = Stamp::new(self.cold[i], self.releases);
-        self.near.released(self.cold[i]);
+        self.blocks[i].stamp = Stamp::new(self.blocks[i].cold, self.releases);
+        self.near.released(self.blocks[i].cold);
         let t = self.tail[c];
-        let g = if t != NIL && self.released_at[t as usize] == self.clock {
-            self.group[t as usize]
+        let g = if t != NIL && self.blocks[t as usize].released_at == self.clock {
+            self.blocks[t as usize].group
         } else {
             let g = self.free_groups.pop().expect("at most one group per block");
             self.group_first[g as usize] = b;
             g
         };
-        self.group[i] = g;
-        self.prev[i] = t;
-        self.next[i] = NIL;
+        self.blocks[i].group = g;
+        self.blocks[i].prev = t;
+        self.blocks[i].next = NIL;
         if t == NIL {
             self.head[c] = b;
             self.nonempty |= 1 << c;
         } else {
-            self.next[t as usize] = b;
+            self.blocks[t as usize].next = b;
         }
         self.tail[c] = b;
         self.len += 1;
@@ -441,11 +454,15 @@ impl ReturnTime {
     /// Takes `b` out of its class list.
     fn unlink(&mut self, b: BlockId) {
         let i = b as usize;
-        let c = usize::from(self.class[i]);
-        let (p, n, g) = (self.prev[i], self.next[i], self.group[i]);
+        let c = usize::from(self.blocks[i].class);
+        let (p, n, g) = (
+            self.blocks[i].prev,
+            self.blocks[i].next,
+            self.blocks[i].group,
+        );
         debug_assert_ne!(g, NIL, "block {b} is not evictable");
         if self.group_first[g as usize] == b {
-            if n != NIL && self.group[n as usize] == g {
+            if n != NIL && self.blocks[n as usize].group == g {
                 self.group_first[g as usize] = n;
             } else {
                 self.group_first[g as usize] = NIL;
@@ -454,21 +471,33 @@ impl ReturnTime {
         }
         match p {
             NIL => self.head[c] = n,
-            p => self.next[p as usize] = n,
+            p => self.blocks[p as usize].next = n,
         }
         match n {
             NIL => self.tail[c] = p,
-            n => self.prev[n as usize] = p,
+            n => self.blocks[n as usize].prev = p,
         }
         if self.head[c] == NIL {
             self.nonempty &= !(1 << c);
         }
-        self.group[i] = NIL;
+        self.blocks[i].group = NIL;
         self.len -= 1;
     }
 
+    /// Brings into cache what evicting `b` reads and writes that is not in
+    /// cache already: the record after it in its list (`unlink` reads its
+    /// group) and its ghost slot. Victims come from the ends of a class, so
+    /// the block after a victim is usually the next one.
+    fn prefetch_victim(&self, b: BlockId) {
+        let r = &self.blocks[b as usize];
+        if let Some(after) = self.blocks.get(r.next as usize) {
+            prefetch_line(std::ptr::from_ref(after).cast());
+        }
+        self.ghosts.prefetch(r.fingerprint);
+    }
+
     fn is_listed(&self, b: BlockId) -> bool {
-        self.group[b as usize] != NIL
+        self.blocks[b as usize].group != NIL
     }
 
     /// A block released as `stamp` says came back.
@@ -479,9 +508,9 @@ impl ReturnTime {
     /// `b` leaves the cache: its parent, if still cached, has one child fewer.
     fn orphan(&mut self, b: BlockId) {
         let i = b as usize;
-        let p = std::mem::replace(&mut self.parent[i], NIL);
-        if p != NIL && self.stored[p as usize] == self.parent_stored[i] {
-            let c = &mut self.children[p as usize];
+        let p = std::mem::replace(&mut self.blocks[i].parent, NIL);
+        if p != NIL && self.blocks[p as usize].stored == self.blocks[i].parent_stored {
+            let c = &mut self.blocks[p as usize].children;
             if *c != u8::MAX {
                 *c -= 1;
             }
@@ -528,7 +557,7 @@ impl ReturnTime {
 
     /// The first (deepest) block of class `c`'s youngest group.
     fn youngest_group(&self, c: usize) -> BlockId {
-        self.group_first[self.group[self.tail[c] as usize] as usize]
+        self.group_first[self.blocks[self.tail[c] as usize].group as usize]
     }
 
     /// The two ends to evict from when cold and warm blocks of a turn count
@@ -598,20 +627,20 @@ impl EvictionPolicy for ReturnTime {
     ) {
         let i = block as usize;
         let fp = fingerprint(hash);
-        self.fingerprint[i] = fp;
+        self.blocks[i].fingerprint = fp;
         if let Some((last_use, stamp)) = self.ghosts.take(fp) {
             self.ages.record(self.clock.wrapping_sub(last_use));
             self.returned(stamp);
         }
-        self.cold[i] = retention == Retention::Probation;
-        self.hits[i] = 0;
-        self.turns[i] = 0;
-        self.revived_age[i] = NIL;
+        self.blocks[i].cold = retention == Retention::Probation;
+        self.blocks[i].hits = 0;
+        self.blocks[i].turns = 0;
+        self.blocks[i].revived_age = NIL;
         self.stores = self.stores.wrapping_add(1);
-        self.stored[i] = self.stores;
-        self.children[i] = 0;
-        self.released[i] = false;
-        self.parent[i] = parent.unwrap_or(NIL);
+        self.blocks[i].stored = self.stores;
+        self.blocks[i].children = 0;
+        self.blocks[i].released = false;
+        self.blocks[i].parent = parent.unwrap_or(NIL);
         if let Some(p) = parent {
             let p = p as usize;
             // Under the tip a previous request stored and released, and a
@@ -619,22 +648,23 @@ impl EvictionPolicy for ReturnTime {
             // fork; under a block never hit, or not yet released (another
             // request hit it while its own still prefills): the same
             // request's next commit.
-            let extends = self.children[p] == 0 && self.hits[p] > 0 && self.released[p];
-            self.turns[i] = if self.hits[p] >= SHARED_HITS {
+            let extends =
+                self.blocks[p].children == 0 && self.blocks[p].hits > 0 && self.blocks[p].released;
+            self.blocks[i].turns = if self.blocks[p].hits >= SHARED_HITS {
                 0
             } else {
-                (self.turns[p] + u8::from(extends)).min(TURNS as u8 - 1)
+                (self.blocks[p].turns + u8::from(extends)).min(TURNS as u8 - 1)
             };
-            self.parent_stored[i] = self.stored[p];
-            self.children[p] = self.children[p].saturating_add(1);
+            self.blocks[i].parent_stored = self.blocks[p].stored;
+            self.blocks[p].children = self.blocks[p].children.saturating_add(1);
         }
         self.classify(block);
     }
 
     fn insert(&mut self, block: BlockId) {
         let i = block as usize;
-        self.revived_age[i] = NIL;
-        self.released[i] = true;
+        self.blocks[i].revived_age = NIL;
+        self.blocks[i].released = true;
         // A path is released deepest first: a parent released right after
         // its child takes the child's turns (the chain's, as the request
         // that used it left them), and keeps them when the child is its
@@ -642,22 +672,22 @@ impl EvictionPolicy for ReturnTime {
         // a prefix forked from keeps its own).
         let l = self.last_released;
         let below = l != NIL
-            && self.parent[l as usize] == block
-            && self.parent_stored[l as usize] == self.stored[i]
-            && self.released_at[l as usize] == self.clock;
+            && self.blocks[l as usize].parent == block
+            && self.blocks[l as usize].parent_stored == self.blocks[i].stored
+            && self.blocks[l as usize].released_at == self.clock;
         self.classify(block);
-        let shared = self.class[i] == SHARED as u8;
-        let keeps = below && self.last_chain && self.children[i] <= 1 && !shared;
+        let shared = self.blocks[i].class == SHARED as u8;
+        let keeps = below && self.last_chain && self.blocks[i].children <= 1 && !shared;
         self.last_chain = !below || keeps;
         if below && !shared {
-            let turns = self.turns[i].max(self.last_turns);
+            let turns = self.blocks[i].turns.max(self.last_turns);
             if keeps {
-                self.turns[i] = turns;
+                self.blocks[i].turns = turns;
             }
-            self.class[i] = class_of(self.cold[i], turns) as u8;
+            self.blocks[i].class = class_of(self.blocks[i].cold, turns) as u8;
         }
         self.last_released = block;
-        self.last_turns = match usize::from(self.class[i]) {
+        self.last_turns = match usize::from(self.blocks[i].class) {
             SHARED => 0,
             c => (c % TURNS) as u8,
         };
@@ -666,31 +696,38 @@ impl EvictionPolicy for ReturnTime {
 
     fn remove(&mut self, block: BlockId) {
         self.unlink(block);
-        self.revived_age[block as usize] = self.age(block);
+        self.blocks[block as usize].revived_age = self.age(block);
     }
 
     fn evict(&mut self) -> Option<BlockId> {
         let b = self.victim()?;
         let i = b as usize;
+        let after = self.blocks[i].next;
         self.unlink(b);
+        if after != NIL {
+            self.prefetch_victim(after);
+        }
         self.orphan(b);
         self.near.on_evict();
-        self.ghosts
-            .push(self.fingerprint[i], self.released_at[i], self.stamp[i]);
+        self.ghosts.push(
+            self.blocks[i].fingerprint,
+            self.blocks[i].released_at,
+            self.blocks[i].stamp,
+        );
         Some(b)
     }
 
     fn on_hit(&mut self, block: BlockId) {
         let i = block as usize;
-        let age = std::mem::replace(&mut self.revived_age[i], NIL);
+        let age = std::mem::replace(&mut self.blocks[i].revived_age, NIL);
         if age != NIL {
             // A shared block's returns do not teach the age tables: its
             // frequent returns would teach the other classes' young-or-old
             // choice, and the horizon, ages that are not theirs.
-            if self.hits[i] < SHARED_HITS {
+            if self.blocks[i].hits < SHARED_HITS {
                 self.ages.record(age);
             }
-            self.returned(self.stamp[i]);
+            self.returned(self.blocks[i].stamp);
         }
         // The prefix cache takes a path out of the order before counting its
         // hits; a caller that does not finds the block reclassified in place.
@@ -698,8 +735,8 @@ impl EvictionPolicy for ReturnTime {
         if listed {
             self.unlink(block);
         }
-        self.hits[i] = self.hits[i].saturating_add(1).min(SHARED_HITS);
-        self.cold[i] = false;
+        self.blocks[i].hits = self.blocks[i].hits.saturating_add(1).min(SHARED_HITS);
+        self.blocks[i].cold = false;
         self.classify(block);
         if listed {
             self.push(block);
@@ -726,6 +763,14 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The turns of blocks `range`.
+    fn turns(
+        p: &ReturnTime,
+        range: impl std::slice::SliceIndex<[Record], Output = [Record]>,
+    ) -> Vec<u8> {
+        p.blocks[range].iter().map(|r| r.turns).collect()
+    }
 
     fn hashes(first: u128, n: usize) -> Vec<BlockHash> {
         (0..n as u128)
@@ -821,19 +866,19 @@ mod tests {
             path.push((hashes(100 + 10 * k, 1)[0], 4 + k as BlockId));
             request(&mut p, &path, 2, &mut free);
         }
-        assert_eq!(p.hits[0], 5);
+        assert_eq!(p.blocks[0].hits, 5);
         assert_eq!(
-            p.turns[..9],
+            turns(&p, ..9),
             [0; 9],
             "one request's blocks and forks are no turns"
         );
-        assert_eq!(usize::from(p.class[1]), class_of(false, 0));
+        assert_eq!(usize::from(p.blocks[1].class), class_of(false, 0));
         // A request that goes on past the tail (no cached child) extends it.
         let mut path = first.clone();
         path.push((hashes(200, 1)[0], 20));
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.turns[20], 1);
-        assert_eq!(usize::from(p.class[20]), class_of(false, 1));
+        assert_eq!(p.blocks[20].turns, 1);
+        assert_eq!(usize::from(p.blocks[20].class), class_of(false, 1));
         // Evicting the new tail makes its parent the tip again.
         for _ in 0..16 {
             p.on_request(&[], 0);
@@ -849,17 +894,20 @@ mod tests {
         // The path released with 20 kept its turn up to the fork point
         // (3 and 2, each 20's chain's only child; not 1, which the forks
         // share, nor 0 above it).
-        assert_eq!(p.turns[..4], [0, 0, 1, 1]);
+        assert_eq!(turns(&p, ..4), [0, 0, 1, 1]);
         path.truncate(4);
         path.push((hashes(300, 1)[0], 21));
         free.push(20);
         request(&mut p, &path, 4, &mut free);
-        assert_eq!(p.turns[21], 2, "the tip again, the chain's second turn");
+        assert_eq!(
+            p.blocks[21].turns, 2,
+            "the tip again, the chain's second turn"
+        );
         // The next turn extends the new tip: three turns above its blocks.
         path.push((hashes(400, 2)[0], 22));
         path.push((hashes(400, 2)[1], 23));
         request(&mut p, &path, 5, &mut free);
-        assert_eq!(p.turns[22..24], [3, 3]);
+        assert_eq!(turns(&p, 22..24), [3, 3]);
     }
 
     #[test]
@@ -887,8 +935,8 @@ mod tests {
         fork.extend(hashes(100, 3).into_iter().zip(3..6));
         request(&mut p, &fork, 2, &mut free);
         assert!(!p.near.cold_first());
-        assert_eq!(usize::from(p.class[1]), class_of(false, 0));
-        assert_eq!(usize::from(p.class[3]), class_of(true, 0));
+        assert_eq!(usize::from(p.blocks[1].class), class_of(false, 0));
+        assert_eq!(usize::from(p.blocks[3].class), class_of(true, 0));
         // The warm class has the older head (10), its young group holds the
         // parent (1): the cold group released with it goes first.
         let order: Vec<BlockId> = (0..3).filter_map(|_| p.evict()).collect();
@@ -977,7 +1025,7 @@ mod tests {
             p.on_request(&[], 0);
             p.on_hit(0);
         }
-        assert_eq!(usize::from(p.class[0]), SHARED);
+        assert_eq!(usize::from(p.blocks[0].class), SHARED);
         p.insert(0);
         p.on_request(&hashes(9, 1), 0);
         p.on_store(1, BlockHash(4), Retention::Probation, None);
