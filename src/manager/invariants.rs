@@ -80,7 +80,8 @@ impl BlockManager {
             if listed != (slot.locks == 0 && !slot.is_cached()) {
                 return Err(format!(
                     "block {b}: listed as never hashed is {listed}, yet {} locks and hash {:?}",
-                    slot.locks, slot.hash()
+                    slot.locks,
+                    slot.hash()
                 ));
             }
         }
