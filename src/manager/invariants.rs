@@ -29,7 +29,7 @@ impl BlockManager {
                 refs[b as usize] += 1;
             }
             for &b in &r.blocks[holding..] {
-                if st.pool.ref_count(b) != 1 || st.cache.slots[b as usize].hash.is_some() {
+                if st.pool.ref_count(b) != 1 || st.cache.slots[b as usize].is_cached() {
                     return Err(format!(
                         "request {id}: reserved block {b} is shared or hashed"
                     ));
@@ -56,7 +56,7 @@ impl BlockManager {
                 }
             }
             for (i, h) in r.chain.hashes.iter().enumerate() {
-                if let Some(bh) = st.cache.slots[r.blocks[i] as usize].hash {
+                if let Some(bh) = st.cache.slots[r.blocks[i] as usize].hash() {
                     if bh != *h {
                         return Err(format!(
                             "request {id}: block {i} indexed under another hash"
@@ -77,10 +77,11 @@ impl BlockManager {
             in_use[b] = u32::from(count > 0);
             let slot = &st.cache.slots[b];
             let listed = st.pool.unhashed.contains(b as BlockId);
-            if listed != (slot.locks == 0 && slot.hash.is_none()) {
+            if listed != (slot.locks == 0 && !slot.is_cached()) {
                 return Err(format!(
                     "block {b}: listed as never hashed is {listed}, yet {} locks and hash {:?}",
-                    slot.locks, slot.hash
+                    slot.locks,
+                    slot.hash()
                 ));
             }
         }

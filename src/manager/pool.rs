@@ -223,7 +223,7 @@ mod tests {
         f.check();
         assert_eq!(f.allocate(), c, "the unhashed block first");
         assert_eq!(f.allocate(), b, "then the least recently freed cached one");
-        assert!(f.cache.slots[b as usize].hash.is_none(), "its hash left");
+        assert!(!f.cache.slots[b as usize].is_cached(), "its hash left");
         assert_eq!(f.prefixes.index.len(), 1);
         assert_eq!(f.cache.stats.evictions, 1);
         f.check();

@@ -23,18 +23,73 @@ use crate::stats::CacheStats;
 
 use super::pins::Pins;
 
-/// What the prefix cache knows of one block id.
-#[derive(Debug, Clone, Copy, Default)]
+/// What the prefix cache knows of one block id: 32 bytes, aligned to 32,
+/// so that a slot never straddles two cache lines.
+#[derive(Clone, Copy)]
+#[repr(align(32))]
 pub(crate) struct Slot {
-    /// Set while the block is in the prefix index under this hash.
-    pub(crate) hash: Option<BlockHash>,
-    /// The index shard holding it (its chain's), while `hash` is set.
+    /// The block's hash while `cached` (stale otherwise): see [`Slot::hash`].
+    hash: BlockHash,
+    /// Whether the block is in the prefix index under `hash`.
+    cached: bool,
+    /// The index shard holding it (its chain's), while it is cached.
     pub(crate) shard: u8,
     /// Holders that keep it from eviction: locks, pins (each pin also
     /// counts here) and, under a `BlockManager`, one for a block in use.
     pub(crate) locks: u32,
     /// Pins among the locks.
     pub(crate) pins: u32,
+}
+
+const _: () = assert!(size_of::<Slot>() == 32 && align_of::<Slot>() == 32);
+
+impl Default for Slot {
+    /// An uncached, unlocked block.
+    fn default() -> Self {
+        Self {
+            hash: BlockHash(0),
+            cached: false,
+            shard: 0,
+            locks: 0,
+            pins: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("hash", &self.hash())
+            .field("shard", &self.shard)
+            .field("locks", &self.locks)
+            .field("pins", &self.pins)
+            .finish()
+    }
+}
+
+impl Slot {
+    /// The hash the block is in the prefix index under, if it is cached.
+    pub(crate) fn hash(&self) -> Option<BlockHash> {
+        self.cached.then_some(self.hash)
+    }
+
+    /// Whether the block is in the prefix index.
+    pub(crate) fn is_cached(&self) -> bool {
+        self.cached
+    }
+
+    /// Records that the block is in the prefix index under `hash`.
+    pub(crate) fn set_hash(&mut self, hash: BlockHash) {
+        self.hash = hash;
+        self.cached = true;
+    }
+
+    /// The block's hash, if it was cached; it is not cached any more.
+    pub(crate) fn take_hash(&mut self) -> Option<BlockHash> {
+        let hash = self.hash();
+        self.cached = false;
+        hash
+    }
 }
 
 /// The settings the rules read, taken from the [`CacheConfig`].
@@ -233,21 +288,21 @@ impl Prefixes {
         let mut run: Option<Range<usize>> = None;
         for i in range {
             let (b, hash) = (blocks[i], hashes[i]);
-            let stored = st.slots[b as usize].hash.is_none()
+            let stored = !st.slots[b as usize].is_cached()
                 && index.insert(shard, hash, b, self.verify(tokens, i));
             if stored {
                 // The block holding the previous hash: the chain's previous
                 // block, or, when that is a duplicate, the one indexed.
                 let parent = i.checked_sub(1).and_then(|j| {
                     let p = blocks[j];
-                    if st.slots[p as usize].hash == Some(hashes[j]) {
+                    if st.slots[p as usize].hash() == Some(hashes[j]) {
                         Some(p)
                     } else {
                         index.block_of(shard, hashes[j])
                     }
                 });
                 let slot = &mut st.slots[b as usize];
-                slot.hash = Some(hash);
+                slot.set_hash(hash);
                 slot.shard = shard;
                 st.policy.on_store(b, hash, retention, parent);
                 if slot.locks == 0 {
@@ -349,7 +404,7 @@ impl Prefixes {
                 prefetch_slot(&st.slots, next);
             }
             let slot = &mut st.slots[b as usize];
-            let hash = slot.hash.take().expect("evictable blocks are hashed");
+            let hash = slot.take_hash().expect("evictable blocks are hashed");
             victims.push((b, hash, slot.shard));
         }
         for &(_, hash, shard) in victims.iter().take(AHEAD) {
@@ -391,7 +446,7 @@ impl Prefixes {
     /// (it was evictable). The caller checked [`Self::check_droppable`].
     pub(crate) fn drop_block(&self, st: &mut CacheState, b: BlockId) -> Option<bool> {
         let slot = &mut st.slots[b as usize];
-        let hash = slot.hash.take()?;
+        let hash = slot.take_hash()?;
         let unlocked = slot.locks == 0;
         self.index.writer().remove(slot.shard, hash);
         if unlocked {
@@ -414,7 +469,7 @@ impl Prefixes {
         let mut index = self.index.writer();
         while let Some(b) = st.policy.evict() {
             let slot = &mut st.slots[b as usize];
-            let hash = slot.hash.take().expect("evictable blocks are hashed");
+            let hash = slot.take_hash().expect("evictable blocks are hashed");
             index.remove(slot.shard, hash);
             dropped.push(b);
         }
@@ -459,7 +514,7 @@ impl CacheState {
     /// Whether `b` is cached and nobody holds it (the policy may evict it).
     pub(crate) fn is_evictable(&self, b: BlockId) -> bool {
         let slot = &self.slots[b as usize];
-        slot.locks == 0 && slot.hash.is_some()
+        slot.locks == 0 && slot.is_cached()
     }
 
     /// Takes a lock on `b`; a cached block leaves the evictable set.
@@ -479,7 +534,7 @@ impl CacheState {
         if slot.locks > 0 {
             return false;
         }
-        if slot.hash.is_some() {
+        if slot.is_cached() {
             self.policy.insert(b);
             false
         } else {
@@ -522,13 +577,13 @@ impl CacheState {
     }
 }
 
-/// Asks the processor to bring block `b`'s slot into cache (a hint): both
-/// lines a 48-byte slot may straddle.
+/// Asks the processor to bring block `b`'s slot into cache (a hint): the
+/// one line it lies in.
 fn prefetch_slot(slots: &[Slot], b: BlockId) {
     if let Some(slot) = slots.get(b as usize) {
-        let first: *const Slot = slot;
-        prefetch_line(first.cast());
-        prefetch_line(first.wrapping_add(1).cast::<i8>().wrapping_sub(1));
+        // Aligned to 32 bytes, a slot lies in one line.
+        let slot: *const Slot = slot;
+        prefetch_line(slot.cast());
     }
 }
 

@@ -27,7 +27,7 @@ impl Prefixes {
                     owner_locks.map(|o| o[b])
                 ));
             }
-            if slot.pins > 0 && slot.hash.is_none() {
+            if slot.pins > 0 && !slot.is_cached() {
                 return Err(format!("block {b} is pinned but not cached"));
             }
         }
@@ -41,7 +41,7 @@ impl Prefixes {
             ));
         }
         let entries = self.index.entries();
-        let hashed = st.slots.iter().filter(|s| s.hash.is_some()).count();
+        let hashed = st.slots.iter().filter(|s| s.is_cached()).count();
         if entries.len() != hashed {
             return Err(format!(
                 "{} index entries but {hashed} hashed blocks",
@@ -49,7 +49,7 @@ impl Prefixes {
             ));
         }
         for (h, b) in entries {
-            if st.slots[b as usize].hash != Some(h) {
+            if st.slots[b as usize].hash() != Some(h) {
                 return Err(format!(
                     "index maps a hash to block {b}, which holds another"
                 ));

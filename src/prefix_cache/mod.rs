@@ -159,7 +159,7 @@ impl PrefixCache {
                     .index
                     .get(s, hash, self.prefixes.verify(tokens, i))
             });
-            let own_hash = st.slots[b as usize].hash;
+            let own_hash = st.slots[b as usize].hash();
             match found {
                 Some((_, false)) => break, // a collision: nothing below is indexable here
                 Some((cached, true)) => {
