@@ -336,6 +336,9 @@ struct Record {
     released: bool,
 }
 
+const _: () = assert!(size_of::<Record>() == 64);
+
+/// The record of a block never stored.
 const NEVER_STORED: Record = Record {
     fingerprint: 0,
     prev: NIL,
