@@ -630,37 +630,40 @@ impl EvictionPolicy for ReturnTime {
     ) {
         let i = block as usize;
         let fp = fingerprint(hash);
-        self.blocks[i].fingerprint = fp;
         if let Some((last_use, stamp)) = self.ghosts.take(fp) {
             self.ages.record(self.clock.wrapping_sub(last_use));
             self.returned(stamp);
         }
-        self.blocks[i].cold = retention == Retention::Probation;
-        self.blocks[i].hits = 0;
-        self.blocks[i].turns = 0;
-        self.blocks[i].revived_age = NIL;
         self.stores = self.stores.wrapping_add(1);
-        self.blocks[i].stored = self.stores;
-        self.blocks[i].children = 0;
-        self.blocks[i].released = false;
-        self.blocks[i].parent = parent.unwrap_or(NIL);
-        if let Some(p) = parent {
-            let p = p as usize;
-            // Under the tip a previous request stored and released, and a
-            // later one hit: an extension; under a block with a child: a
-            // fork; under a block never hit, or not yet released (another
-            // request hit it while its own still prefills): the same
-            // request's next commit.
-            let extends =
-                self.blocks[p].children == 0 && self.blocks[p].hits > 0 && self.blocks[p].released;
-            self.blocks[i].turns = if self.blocks[p].hits >= SHARED_HITS {
-                0
-            } else {
-                (self.blocks[p].turns + u8::from(extends)).min(TURNS as u8 - 1)
-            };
-            self.blocks[i].parent_stored = self.blocks[p].stored;
-            self.blocks[p].children = self.blocks[p].children.saturating_add(1);
-        }
+        // Under the tip a previous request stored and released, and a later
+        // one hit: an extension; under a block with a child: a fork; under a
+        // block never hit, or not yet released (another request hit it
+        // while its own still prefills): the same request's next commit.
+        let (turns, parent_stored) = match parent {
+            Some(p) => {
+                let up = &mut self.blocks[p as usize];
+                let extends = up.children == 0 && up.hits > 0 && up.released;
+                let turns = if up.hits >= SHARED_HITS {
+                    0
+                } else {
+                    (up.turns + u8::from(extends)).min(TURNS as u8 - 1)
+                };
+                up.children = up.children.saturating_add(1);
+                (turns, up.stored)
+            }
+            None => (0, self.blocks[i].parent_stored),
+        };
+        let r = &mut self.blocks[i];
+        r.fingerprint = fp;
+        r.cold = retention == Retention::Probation;
+        r.hits = 0;
+        r.turns = turns;
+        r.revived_age = NIL;
+        r.stored = self.stores;
+        r.children = 0;
+        r.released = false;
+        r.parent = parent.unwrap_or(NIL);
+        r.parent_stored = parent_stored;
         self.classify(block);
     }
 
@@ -768,11 +771,8 @@ mod tests {
     use super::*;
 
     /// The turns of blocks `range`.
-    fn turns(
-        p: &ReturnTime,
-        range: impl std::slice::SliceIndex<[Record], Output = [Record]>,
-    ) -> Vec<u8> {
-        p.blocks[range].iter().map(|r| r.turns).collect()
+    fn turns(p: &ReturnTime, blocks: std::ops::Range<usize>) -> Vec<u8> {
+        p.blocks[blocks].iter().map(|r| r.turns).collect()
     }
 
     fn hashes(first: u128, n: usize) -> Vec<BlockHash> {
@@ -871,7 +871,7 @@ mod tests {
         }
         assert_eq!(p.blocks[0].hits, 5);
         assert_eq!(
-            turns(&p, ..9),
+            turns(&p, 0..9),
             [0; 9],
             "one request's blocks and forks are no turns"
         );
@@ -897,7 +897,7 @@ mod tests {
         // The path released with 20 kept its turn up to the fork point
         // (3 and 2, each 20's chain's only child; not 1, which the forks
         // share, nor 0 above it).
-        assert_eq!(turns(&p, ..4), [0, 0, 1, 1]);
+        assert_eq!(turns(&p, 0..4), [0, 0, 1, 1]);
         path.truncate(4);
         path.push((hashes(300, 1)[0], 21));
         free.push(20);
