@@ -44,22 +44,25 @@ fn hit_rate(requests: &[TraceRequest], num_blocks: usize, policy: &str, hash_see
         .token_hit_rate
 }
 
+/// Prompt-token hit rates of each of [`RUNS`] on `requests` at `num_blocks`,
+/// one thread per replay (they are independent), in the order of `RUNS`.
+fn rates_of_runs(requests: &[TraceRequest], num_blocks: usize) -> Vec<f64> {
+    std::thread::scope(|s| {
+        let runs: Vec<_> = RUNS
+            .iter()
+            .map(|&(policy, seed)| s.spawn(move || hit_rate(requests, num_blocks, policy, seed)))
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("a replay thread"))
+            .collect()
+    })
+}
+
 /// Checks the targets on `requests` at each size; `best_rule` is the rule
 /// expected to win there, so the workload is known to separate the rules.
 fn adaptive_follows_the_better_rule(requests: &[TraceRequest], sizes: [usize; 2], best_rule: &str) {
     for num_blocks in sizes {
-        // One thread per replay: they are independent.
-        let rates: Vec<f64> = std::thread::scope(|s| {
-            let runs: Vec<_> = RUNS
-                .iter()
-                .map(|&(policy, seed)| {
-                    s.spawn(move || hit_rate(requests, num_blocks, policy, seed))
-                })
-                .collect();
-            runs.into_iter()
-                .map(|r| r.join().expect("a replay thread"))
-                .collect()
-        });
+        let rates = rates_of_runs(requests, num_blocks);
         let rate = |name: &str| rates[RUNS.iter().position(|&(p, _)| p == name).unwrap()];
         let (lru, arc, residency) = (rate("lru"), rate("arc"), rate("residency"));
         let adaptive: Vec<f64> = RUNS
@@ -94,4 +97,21 @@ fn adaptive_follows_arc_on_the_mooncake_trace_at_two_sizes() {
     let trace =
         Trace::parse(MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).expect("the trace parses");
     adaptive_follows_the_better_rule(&trace.requests, [16_384, 32_768], "arc");
+}
+
+/// On the Mooncake trace at 8,192 blocks the 2% targets are not met over
+/// ten hash seeds (docs/eviction.md), but no seed falls below `lru`: a spell
+/// under residency spares ARC's reused blocks. Without that, hash seed 2
+/// ends at 8.55% against `lru`'s 8.58%.
+#[test]
+fn adaptive_stays_above_lru_on_the_mooncake_trace_at_8192_blocks() {
+    let trace =
+        Trace::parse(MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).expect("the trace parses");
+    let rates = rates_of_runs(&trace.requests, 8192);
+    let lru = rates[0];
+    assert!(
+        rates[3..].iter().all(|&r| r >= lru),
+        "lru {lru:.4}, adaptive on hash seeds 0 to 3 {:.4?}",
+        &rates[3..]
+    );
 }

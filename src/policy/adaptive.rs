@@ -13,7 +13,13 @@
 //! Both rules classify every block all the time (see [`OnceReused`]): a
 //! switch changes only which of the lists gives the next victim, and finds
 //! the new rule's classes up to date, so following a narrow lead that turns
-//! out wrong costs only the victims chosen meanwhile. The start is
+//! out wrong costs only the victims chosen meanwhile. Under residency the
+//! real cache's probation gives up ARC's seen-once blocks before its reused
+//! ones ([`OnceReused::spare_reused_on_probation`]; the residency shadow
+//! runs the rule as it is), so those victims are the ones ARC would have
+//! given up too: residency can lead on the recent past (the Mooncake
+//! trace's first thousand requests at 8,192 blocks) while ARC's reused
+//! blocks are what its later requests come back to. The start is
 //! residency's because, until the shadows differ, residency's victims
 //! (blocks of cold requests, in release order) are the ones both rules
 //! agree on first: looping traffic ties the shadows for its first turnover
@@ -156,7 +162,7 @@ impl Adaptive {
             .next_power_of_two();
         let shadow_blocks = (num_blocks / rate).max(1);
         Ok(Self {
-            real: OnceReused::new(num_blocks, Rule::Residency)?,
+            real: OnceReused::new(num_blocks, Rule::Residency)?.spare_reused_on_probation(),
             shadows: [
                 Shadow::new(shadow_blocks, Rule::Arc)?,
                 Shadow::new(shadow_blocks, Rule::Residency)?,

@@ -63,6 +63,14 @@
 //! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
 //! classification up to date: nothing to rebuild.
 //!
+//! One variant, for the real cache of [`super::Adaptive`]
+//! ([`OnceReused::spare_reused_on_probation`]): under residency, probation
+//! gives up the blocks ARC sees once (list 0) before those it sees reused
+//! (list 2), instead of the older front of the two. Residency's own choice,
+//! probation before kept, is unchanged; within probation it keeps what ARC
+//! would keep longest, so a spell under residency on traffic that ARC
+//! serves better costs fewer of the blocks that come back much later.
+//!
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
 //!
@@ -144,6 +152,8 @@ pub(crate) struct OnceReused {
     rule: Rule,
     /// Requests admitted with less than half their prompt cached.
     cold_requests: u64,
+    /// Under residency, list 0 empties before list 2 is evicted from.
+    spare_reused: bool,
 }
 
 impl OnceReused {
@@ -166,7 +176,16 @@ impl OnceReused {
             capacity: num_blocks,
             rule,
             cold_requests: 0,
+            spare_reused: false,
         })
+    }
+
+    /// The variant of the module docs: under residency, probation blocks
+    /// that ARC sees once go before those it sees reused, whatever their
+    /// release order. ARC's order is unchanged.
+    pub(crate) fn spare_reused_on_probation(mut self) -> Self {
+        self.spare_reused = true;
+        self
     }
 
     /// The rule in force.
@@ -223,9 +242,14 @@ impl OnceReused {
     fn victim_list(&self) -> Option<usize> {
         let (reused, reused_kept) = (ARC_REUSED, ARC_REUSED + KEPT);
         match self.rule {
-            Rule::Residency => self
-                .older(0, reused)
-                .or_else(|| self.older(KEPT, reused_kept)),
+            Rule::Residency => {
+                let probation = if self.spare_reused {
+                    [0, reused].into_iter().find(|&l| !self.lists[l].is_empty())
+                } else {
+                    self.older(0, reused)
+                };
+                probation.or_else(|| self.older(KEPT, reused_kept))
+            }
             Rule::Arc => {
                 let once = self.older(0, KEPT);
                 match once {
@@ -550,19 +574,61 @@ mod tests {
         assert_eq!(p.evict(), None);
     }
 
+    #[test]
+    fn sparing_reused_blocks_empties_seen_once_probation_first() {
+        // Released in this order: 0 reused on probation (it came back from
+        // the once ghosts), 1 once on probation, 2 once and kept.
+        let build = |spare: bool| {
+            let p = OnceReused::new(8, Rule::Residency).unwrap();
+            let mut p = if spare {
+                p.spare_reused_on_probation()
+            } else {
+                p
+            };
+            p.on_store(0, h(10), Retention::Probation, None);
+            p.insert(0);
+            assert_eq!(p.evict(), Some(0));
+            p.on_store(0, h(10), Retention::Probation, None);
+            p.on_store(1, h(11), Retention::Probation, None);
+            p.on_store(2, h(12), Retention::Keep, None);
+            for b in [0, 1, 2] {
+                p.insert(b);
+            }
+            assert_eq!((p.class[0], p.kept[0]), (Class::Reused, false));
+            p
+        };
+        let order = |mut p: OnceReused| std::iter::from_fn(move || p.evict()).collect::<Vec<_>>();
+        assert_eq!(
+            order(build(false)),
+            [0, 1, 2],
+            "residency: probation in release order"
+        );
+        assert_eq!(order(build(true)), [1, 0, 2], "seen once first, kept last");
+        // ARC's order is the same either way.
+        let arc = |spare: bool| {
+            let mut p = build(spare);
+            p.set_rule(Rule::Arc);
+            order(p)
+        };
+        assert_eq!(arc(true), arc(false));
+    }
+
     proptest! {
         /// The rules hold after any sequence of stores, releases, hits,
-        /// drops, evictions and switches of rule: the class counts match the
-        /// blocks, the target stays in range, and each victim is the block
-        /// released first among those its rule puts first.
+        /// drops, evictions and switches of rule, with reused probation
+        /// blocks spared or not: the class counts match the blocks, the
+        /// target stays in range, and each victim is the block released
+        /// first among those its rule puts first.
         #[test]
         fn the_rules_hold_on_random_sequences(
             ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
             first in 0..2usize,
+            spare in any::<bool>(),
         ) {
             const N: usize = 6;
             const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
-            let mut p = OnceReused::new(N, RULES[first]).unwrap();
+            let p = OnceReused::new(N, RULES[first]).unwrap();
+            let mut p = if spare { p.spare_reused_on_probation() } else { p };
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
             // Evictable blocks in release order.
@@ -576,6 +642,11 @@ mod tests {
                                 let once = |b: &&BlockId| p.class[**b as usize] == Class::Once;
                                 let probation = |b: &&BlockId| !p.kept[**b as usize];
                                 let expected = match p.rule() {
+                                    Rule::Residency if spare => released
+                                        .iter()
+                                        .find(|b| probation(b) && once(b))
+                                        .or_else(|| released.iter().find(probation))
+                                        .or(released.first()),
                                     Rule::Residency => released.iter().find(probation).or(released.first()),
                                     Rule::Arc => {
                                         let first_once = released.iter().find(once);
