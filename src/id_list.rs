@@ -69,13 +69,6 @@ impl IdList {
         (self.head != NIL).then_some(self.head)
     }
 
-    /// The id after `id` (towards the back), if any; `id` must be listed.
-    pub(crate) fn after(&self, id: BlockId) -> Option<BlockId> {
-        debug_assert!(self.contains(id), "block {id} is not listed");
-        let n = self.links[id as usize].next;
-        (n != NIL).then_some(n)
-    }
-
     pub(crate) fn push_back(&mut self, id: BlockId) {
         let i = id as usize;
         debug_assert!(!self.contains(id), "block {id} is already listed");
@@ -158,8 +151,7 @@ mod tests {
         assert!(!l.contains(0) && l.contains(2));
         assert_eq!(l.front(), Some(2));
         l.push_back(0);
-        assert_eq!(l.after(2), Some(0));
-        assert_eq!(l.after(0), None);
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![2, 0]);
         l.remove(0);
         assert_eq!(l.pop_front(), Some(2));
         assert!((0..4).all(|b| !l.contains(b)) && l.is_empty());
