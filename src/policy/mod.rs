@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | `lru` | [`lru`] | least recently freed first (vLLM) |
 //! | `arc` | [`once_reused`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
-//! | `residency` | [`once_reused`] | the same lists; requests that mostly hit keep their new blocks, others' go first |
+//! | `residency` | [`once_reused`] | the same lists; requests that mostly hit keep their new blocks, others' go first, kept blocks past a learned horizon before all |
 //! | `adaptive` | [`adaptive`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
 //! | `return_time` | [`return_time`] | the chain expected back last first: by turns, coldness and learned return ages |
 //!
@@ -32,6 +32,7 @@ mod ghost;
 mod lru;
 mod near_returns;
 mod once_reused;
+mod return_ages;
 mod return_time;
 
 use std::fmt;

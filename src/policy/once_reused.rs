@@ -37,6 +37,9 @@
 //!       its new blocks go on probation, evicted before anything kept,
 //!       except every 32nd such request, admitted as kept
 //!   hits make a block kept
+//!   a kept block released longer ago than the horizon is stale: evicted
+//!       first of all (the horizon: 1.5 x the 99th percentile of the
+//!       witnesses' return ages, in releases, learned online)
 //! ```
 //!
 //! Residents keep hitting and keep their blocks, including the new ones each
@@ -46,19 +49,29 @@
 //! with no loop (the Mooncake trace), residency loses to LRU;
 //! [`super::Adaptive`] runs both rules on shadow caches and follows the better.
 //!
+//! Stale blocks are residents that stopped coming (conversations that
+//! ended): without the horizon they outlive every cold request, which is
+//! what loses to LRU once the cache holds most of what returns. The horizon
+//! is learned from witnesses, one kept block in 16 (by fingerprint), which
+//! are never evicted as stale: their returns are measured under the plain
+//! rule, so a horizon too short cannot hide the later returns that would
+//! lengthen it (learned from every kept block, it shrinks itself: a
+//! block evicted as stale never shows its return).
+//!
 //! Both rules classify every block all the time, whichever is in force: a
 //! cached block is once or reused (ARC's view) and on probation or kept
-//! (residency's), so it sits in one of four lists, each in release order,
-//! and each rule's list is the union of two of them:
+//! (residency's), kept witnesses apart, so it sits in one of six lists, each
+//! in release order, and each rule's list is the union of some of them:
 //!
 //! ```text
-//!                    probation     kept
-//!   once             [0]           [1]        ARC's once    = [0] + [1]
-//!   reused           [2]           [3]        ARC's reused  = [2] + [3]
-//!                                             residency's probation = [0] + [2]
+//!                    probation     kept     kept witness
+//!   once             [0]           [1]      [4]          ARC's once    = [0] + [1] + [4]
+//!   reused           [2]           [3]      [5]          ARC's reused  = [2] + [3] + [5]
+//!                                                        residency's probation = [0] + [2]
+//!                                                        residency's stale: the older front of [1] and [3]
 //! ```
 //!
-//! A victim is the older front of its rule's two lists (by release stamp),
+//! A victim is the oldest front of its rule's lists (by release stamp),
 //! so each rule evicts in exactly the order it would over lists of its own,
 //! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
 //! classification up to date: nothing to rebuild.
@@ -74,15 +87,17 @@
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
 //!
-//! Costs: O(1) per call; a ghost lookup or push touches one cache line.
-//! Memory per block of the cache: the links of four lists (9 bytes each,
-//! 36), a release stamp (8), a fingerprint (8) and two classes (2): 54
+//! Costs: O(1) per call; a ghost lookup or push touches one cache line;
+//! every 128 witness returns the 240-bucket age table is rebuilt.
+//! Memory per block of the cache: the links of six lists (8 bytes each,
+//! 48), a release stamp (8), a fingerprint (8) and three flags (3): 67
 //! bytes; and the ghost table, 64 bytes per ghost a list holds rounded up
 //! to a power of two (each list holds 2 x num_blocks): 128 to 256 bytes;
-//! 182 bytes per block for a 16,383-block cache, against the 2.5 MiB a
+//! 195 bytes per block for a 16,383-block cache, against the 2.5 MiB a
 //! block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
+use super::return_ages::{Learning, ReturnAges};
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -129,10 +144,27 @@ pub(crate) enum Rule {
     Residency,
 }
 
-/// The four lists: ARC's class (once 0, reused 2) plus residency's (probation 0, kept 1).
-const LISTS: usize = 4;
+/// The lists: ARC's class (once 0, reused 2) plus residency's (probation 0,
+/// kept 1); kept witnesses in 4 (once) and 5 (reused).
+const LISTS: usize = 6;
 const ARC_REUSED: usize = 2;
 const KEPT: usize = 1;
+const WITNESSES: usize = 4;
+/// ARC's once and reused lists, and residency's kept ones.
+const ONCE_LISTS: [usize; 3] = [0, KEPT, WITNESSES];
+const REUSED_LISTS: [usize; 3] = [ARC_REUSED, ARC_REUSED + KEPT, WITNESSES + 1];
+const KEPT_LISTS: [usize; 4] = [KEPT, ARC_REUSED + KEPT, WITNESSES, WITNESSES + 1];
+/// One kept block in this many is a witness (by fingerprint).
+const WITNESS_RATE: u64 = 16;
+/// How the witnesses' return ages are learned: rebuilt every 128 returns,
+/// halved past 256 (a witness returns for every 16 kept blocks, so this
+/// follows the traffic about as fast as `return_time`'s tables); the
+/// horizon is 1.5 x their 99th percentile.
+const WITNESS_RETURNS: Learning = Learning {
+    relearn_period: 128,
+    window: 256,
+    percentile: 99,
+};
 
 /// ARC over the evictable set, or residency over the same blocks (see the
 /// module docs).
@@ -166,12 +198,19 @@ pub(crate) struct OnceReused {
     stored: usize,
     /// The ghosts of a run of victims, pushed after the run.
     pushes: Vec<(usize, u64)>,
+    /// Blocks whose returns are measured (never stale-first), by fingerprint.
+    witness: Vec<bool>,
+    /// Return ages of kept witnesses (in releases), and the horizon past
+    /// which a kept block is stale.
+    returns: ReturnAges,
 }
 
 impl OnceReused {
     pub(crate) fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
         Ok(Self {
             lists: [
+                IdList::new(num_blocks)?,
+                IdList::new(num_blocks)?,
                 IdList::new(num_blocks)?,
                 IdList::new(num_blocks)?,
                 IdList::new(num_blocks)?,
@@ -192,6 +231,8 @@ impl OnceReused {
             coming: Vec::new(),
             stored: 0,
             pushes: Vec::new(),
+            witness: filled(num_blocks, false, "the policy's classes")?,
+            returns: ReturnAges::new(WITNESS_RETURNS),
         })
     }
 
@@ -212,7 +253,11 @@ impl OnceReused {
     /// The list `block` belongs in, by its classes.
     fn list_of(&self, block: BlockId) -> usize {
         let i = block as usize;
-        usize::from(self.class[i] == Class::Reused) * ARC_REUSED + usize::from(self.kept[i]) * KEPT
+        let reused = usize::from(self.class[i] == Class::Reused);
+        match (self.kept[i], self.witness[i]) {
+            (true, true) => WITNESSES + reused,
+            (kept, _) => reused * ARC_REUSED + usize::from(kept) * KEPT,
+        }
     }
 
     /// Whether `block` is evictable (in one of the lists).
@@ -253,6 +298,25 @@ impl OnceReused {
         }
     }
 
+    /// Releases since `block`'s own (`u32::MAX` at most).
+    fn age(&self, block: BlockId) -> u32 {
+        let age = self.releases - self.released_at[block as usize];
+        u32::try_from(age).unwrap_or(u32::MAX)
+    }
+
+    /// Of `lists`, the nonempty one whose front was released first.
+    fn oldest(&self, lists: &[usize]) -> Option<usize> {
+        lists
+            .iter()
+            .filter_map(|&l| {
+                self.lists[l]
+                    .front()
+                    .map(|b| (self.released_at[b as usize], l))
+            })
+            .min()
+            .map(|(_, l)| l)
+    }
+
     /// The list the next victim comes from.
     fn victim_list(&self) -> Option<usize> {
         let (reused, reused_kept) = (ARC_REUSED, ARC_REUSED + KEPT);
@@ -263,13 +327,18 @@ impl OnceReused {
                 } else {
                     self.older(0, reused)
                 };
-                probation.or_else(|| self.older(KEPT, reused_kept))
+                let kept = self.older(KEPT, reused_kept);
+                let stale = kept.filter(|&k| {
+                    let front = self.lists[k].front().expect("nonempty");
+                    self.age(front) > self.returns.horizon()
+                });
+                stale.or(probation).or_else(|| self.oldest(&KEPT_LISTS))
             }
             Rule::Arc => {
-                let once = self.older(0, KEPT);
+                let once = self.oldest(&ONCE_LISTS);
                 match once {
                     Some(_) if self.cached_once > self.target => once,
-                    _ => self.older(reused, reused_kept).or(once),
+                    _ => self.oldest(&REUSED_LISTS).or(once),
                 }
             }
         }
@@ -283,7 +352,11 @@ impl OnceReused {
         let list = self.victim_list()?;
         let block = self.lists[list].pop_front()?;
         self.set_class(block, Class::Uncached);
-        let ghost = if list & ARC_REUSED == 0 { ONCE } else { REUSED };
+        let ghost = if REUSED_LISTS.contains(&list) {
+            REUSED
+        } else {
+            ONCE
+        };
         Some((block, ghost))
     }
 }
@@ -353,6 +426,7 @@ impl EvictionPolicy for OnceReused {
         };
         self.set_class(block, if returned { Class::Reused } else { Class::Once });
         self.kept[block as usize] = retention == Retention::Keep;
+        self.witness[block as usize] = (fp >> 40) % WITNESS_RATE == 0;
     }
 
     fn insert(&mut self, block: BlockId) {
@@ -369,6 +443,9 @@ impl EvictionPolicy for OnceReused {
 
     fn remove(&mut self, block: BlockId) {
         let list = self.list_of(block);
+        if list >= WITNESSES && self.rule == Rule::Residency {
+            self.returns.record(self.age(block));
+        }
         self.lists[list].remove(block);
     }
 
@@ -665,27 +742,83 @@ mod tests {
         assert_eq!(arc(true), arc(false));
     }
 
+    #[test]
+    fn a_kept_block_past_the_horizon_goes_before_probation_unless_a_witness() {
+        // Hashes whose fingerprint makes a witness, and others.
+        let witness = |x: u128| BlockHash(x << 1);
+        let other = |x: u128| BlockHash(x << 1 | 1 << 41);
+        let mut p = OnceReused::new(8, Rule::Residency).unwrap();
+        p.on_store(0, witness(1), Retention::Keep, None);
+        p.on_store(1, other(2), Retention::Probation, None);
+        // The witness comes back 2 releases after its own (counting its
+        // own), 128 times: the horizon becomes 1.5 x 2.
+        for _ in 0..WITNESS_RETURNS.relearn_period {
+            assert_eq!(p.returns.horizon(), u32::MAX, "nothing learned yet");
+            p.insert(0);
+            p.insert(1);
+            p.remove(1);
+            p.remove(0);
+            p.on_hit(0);
+        }
+        assert_eq!(p.returns.horizon(), 3);
+        // Released in this order: 2 kept, 3 a kept witness, 4 on probation.
+        p.on_store(2, other(3), Retention::Keep, None);
+        p.on_store(3, witness(4), Retention::Keep, None);
+        p.on_store(4, other(5), Retention::Probation, None);
+        p.on_store(5, other(6), Retention::Probation, None);
+        for b in [2, 3, 4] {
+            p.insert(b);
+        }
+        assert_eq!(p.evict(), Some(4), "2 is 3 releases old: not stale yet");
+        p.insert(1);
+        p.insert(5);
+        assert_eq!(
+            p.evict(),
+            Some(2),
+            "5 releases old: stale, before probation"
+        );
+        assert_eq!(p.evict(), Some(1), "a witness never goes stale-first");
+        assert_eq!(p.evict(), Some(5));
+        assert_eq!(p.evict(), Some(3));
+        // Returns of blocks that are not kept witnesses teach nothing.
+        let learned = p.returns.learned();
+        p.on_store(6, other(7), Retention::Keep, None);
+        p.insert(6);
+        p.remove(6);
+        assert_eq!(p.returns.learned(), learned);
+    }
+
     proptest! {
         /// The rules hold after any sequence of stores, releases, hits,
         /// drops, evictions and switches of rule, with reused probation
-        /// blocks spared or not: the class counts match the blocks, the
-        /// target stays in range, and each victim is the block released
-        /// first among those its rule puts first.
+        /// blocks spared or not and a learned horizon or none: the class
+        /// counts match the blocks, the target stays in range, and each
+        /// victim is the block released first among those its rule puts
+        /// first (under residency a kept block past the horizon, not a
+        /// witness, before all).
         #[test]
         fn the_rules_hold_on_random_sequences(
             ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
             first in 0..2usize,
             spare in any::<bool>(),
+            learned_age in prop::option::of(0..24u32),
         ) {
             const N: usize = 6;
             const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
             let p = OnceReused::new(N, RULES[first]).unwrap();
             let mut p = if spare { p.spare_reused_on_probation() } else { p };
+            for age in learned_age.into_iter().cycle().take(WITNESS_RETURNS.relearn_period as usize) {
+                p.returns.record(age);
+            }
+            let horizon = p.returns.horizon();
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
-            // Evictable blocks in release order.
+            // Evictable blocks in release order, with the releases counted.
             let mut released: Vec<BlockId> = Vec::new();
+            let (mut releases, mut released_at) = (0u64, [0u64; N]);
             for (what, hash, pick) in ops {
+                // One hash in three is a witness's.
+                let hash = BlockHash(hash << 1 | (hash % 3) << 41);
                 match what {
                     0 => {
                         let b = match free.pop() {
@@ -693,7 +826,12 @@ mod tests {
                             None => {
                                 let once = |b: &&BlockId| p.class[**b as usize] == Class::Once;
                                 let probation = |b: &&BlockId| !p.kept[**b as usize];
+                                let stale = released
+                                    .iter()
+                                    .find(|&&b| p.kept[b as usize] && !p.witness[b as usize])
+                                    .filter(|&&b| releases - released_at[b as usize] > u64::from(horizon));
                                 let expected = match p.rule() {
+                                    Rule::Residency if stale.is_some() => stale,
                                     Rule::Residency if spare => released
                                         .iter()
                                         .find(|b| probation(b) && once(b))
@@ -723,14 +861,17 @@ mod tests {
                         } else {
                             Retention::Probation
                         };
-                        p.on_store(b, h(hash), retention, None);
+                        p.on_store(b, hash, retention, None);
                         prop_assert_eq!(p.kept[b as usize], retention == Retention::Keep);
+                        prop_assert_eq!(p.witness[b as usize], hash.0 >> 41 == 0);
                         held.push(b);
                     }
                     1 if !held.is_empty() => {
                         let b = held.swap_remove(pick % held.len());
                         p.insert(b);
                         released.push(b);
+                        released_at[b as usize] = releases;
+                        releases += 1;
                     }
                     2 if !released.is_empty() => {
                         let b = released.remove(pick % released.len());

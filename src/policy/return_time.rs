@@ -63,7 +63,7 @@
 //! ghost entries it prefetches): a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
 //! most 33) and two candidates of one class; every 1,024 returns the
-//! 128-bucket age tables are rebuilt. Memory: a 64-byte record per block
+//! age tables are rebuilt. Memory: a 64-byte record per block
 //! (one cache line per block touched) and 8 bytes of groups, and the ghost
 //! table, 16 bytes per entry (one cache line per look-up, fetched ahead
 //! when the request is admitted), two entries per block rounded up to a
@@ -71,6 +71,7 @@
 //! not teach the age tables (they still count as near returns).
 
 use super::near_returns::NearReturns;
+use super::return_ages::{Learning, ReturnAges};
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -87,12 +88,15 @@ const CLASSES: usize = 2 * TURNS + 1;
 const SHARED: usize = CLASSES - 1;
 /// Hits that make a block shared: more than a conversation has turns.
 const SHARED_HITS: u8 = 16;
-/// Age buckets of the return-age table: 8 per doubling of the age.
-const AGE_BUCKETS: usize = 128;
-/// Returns between two rebuilds of the age tables.
-const RELEARN_PERIOD: u64 = 1024;
-/// Returns counted before the counts halve (recent traffic weighs more).
-const AGE_WINDOW: u64 = 1 << 16;
+/// How the return ages (in requests) are learned: rebuilt every 1,024
+/// returns, halved past 65,536 (recent traffic weighs more); the horizon
+/// is 1.5 x their 95th percentile. Ages past it are still seen (stores of
+/// evicted hashes), so it does not shrink itself.
+const LEARNING: Learning = Learning {
+    relearn_period: 1024,
+    window: 1 << 16,
+    percentile: 95,
+};
 
 /// The class of a block last used by a request of this kind.
 fn class_of(cold: bool, turns: u8) -> usize {
@@ -109,89 +113,6 @@ fn class_order() -> [u8; CLASSES] {
         *slot = c;
     }
     order
-}
-
-/// The age bucket of `age` (in requests): exact below 8, then 8 per doubling.
-fn bucket_of(age: u32) -> usize {
-    if age < 8 {
-        return age as usize;
-    }
-    let log = 31 - age.leading_zeros();
-    let frac = (age >> (log - 3)) & 7;
-    ((log as usize - 2) * 8 + frac as usize).min(AGE_BUCKETS - 1)
-}
-
-/// The largest age in bucket `b`.
-fn bucket_end(b: usize) -> u64 {
-    if b < 8 {
-        return b as u64;
-    }
-    let log = (b / 8 + 2) as u32;
-    let frac = (b % 8) as u64;
-    ((9 + frac) << (log - 3)) - 1
-}
-
-/// The ages at which blocks came back, and what they predict.
-#[derive(Debug)]
-struct ReturnAges {
-    counts: [u64; AGE_BUCKETS],
-    total: u64,
-    /// Expected requests until a block of each age bucket returns, among
-    /// blocks that return.
-    remaining: [u64; AGE_BUCKETS],
-    /// Past this age (in requests) a block is taken as never returning.
-    horizon: u32,
-}
-
-impl ReturnAges {
-    fn new() -> Self {
-        Self {
-            counts: [0; AGE_BUCKETS],
-            total: 0,
-            remaining: [0; AGE_BUCKETS],
-            horizon: u32::MAX,
-        }
-    }
-
-    fn record(&mut self, age: u32) {
-        self.counts[bucket_of(age)] += 1;
-        self.total += 1;
-        if self.total % RELEARN_PERIOD == 0 {
-            self.relearn();
-        }
-        if self.total >= AGE_WINDOW {
-            for c in &mut self.counts {
-                *c /= 2;
-            }
-            self.total = self.counts.iter().sum();
-        }
-    }
-
-    fn relearn(&mut self) {
-        // The horizon: 1.5 x the 95th percentile. Ages past it are still
-        // seen (stores of evicted hashes), so it does not shrink itself.
-        let wanted = self.total - self.total / 20;
-        let mut seen = 0;
-        if let Some(b) = self.counts.iter().position(|&c| {
-            seen += c;
-            seen >= wanted
-        }) {
-            self.horizon = (bucket_end(b) * 3 / 2).min(u64::from(u32::MAX)) as u32;
-        }
-        // Remaining time at the start of each bucket, over later returns.
-        let (mut n, mut sum) = (0u64, 0u64);
-        for b in (0..AGE_BUCKETS).rev() {
-            let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 };
-            self.remaining[b] = sum.checked_div(n).unwrap_or(0).saturating_sub(start);
-            n += self.counts[b];
-            sum += self.counts[b] * bucket_end(b);
-        }
-    }
-
-    /// Expected requests until a returning block of this age comes back.
-    fn remaining(&self, age: u32) -> u64 {
-        self.remaining[bucket_of(age)]
-    }
 }
 
 /// A fingerprint per recently evicted hash with its last use and its
@@ -399,7 +320,7 @@ impl ReturnTime {
             nonempty: 0,
             len: 0,
             clock: 0,
-            ages: ReturnAges::new(),
+            ages: ReturnAges::new(LEARNING),
             ghosts: Ghosts::new(num_blocks)?,
             order: class_order(),
             stores: 0,
@@ -537,7 +458,7 @@ impl ReturnTime {
             }
         }
         let (age, _, oldest) = oldest?;
-        if age > self.ages.horizon {
+        if age > self.ages.horizon() {
             return Some(oldest);
         }
         let (old, young) = if cold_first {
@@ -918,7 +839,7 @@ mod tests {
         let mut p = ReturnTime::new(16).unwrap();
         // Blocks come back 200 requests after their release: the young end
         // goes first; cold and warm blocks return near alike: one pool.
-        for _ in 0..RELEARN_PERIOD {
+        for _ in 0..LEARNING.relearn_period {
             p.ages.record(200);
         }
         p.near.on_evict();
@@ -969,7 +890,7 @@ mod tests {
     fn returns_long_after_release_make_the_young_group_go_first() {
         let mut p = ReturnTime::new(64).unwrap();
         // Teach it that blocks come back 200 requests after their release.
-        for round in 0..RELEARN_PERIOD as u128 {
+        for round in 0..u128::from(LEARNING.relearn_period) {
             let h = BlockHash(round << 1);
             p.on_store(0, h, Retention::Keep, None);
             p.insert(0);
@@ -981,9 +902,9 @@ mod tests {
             p.forget(0);
         }
         assert!(
-            p.ages.horizon > 200 && p.ages.horizon < 400,
+            p.ages.horizon() > 200 && p.ages.horizon() < 400,
             "{}",
-            p.ages.horizon
+            p.ages.horizon()
         );
         // Two groups of one class: released 150 requests apart.
         let mut free: Vec<BlockId> = (1..64).collect();
@@ -1016,8 +937,7 @@ mod tests {
             p.on_request(&[], 0);
         }
         p.on_store(1, h, Retention::Keep, None);
-        assert_eq!(p.ages.total, 1);
-        assert_eq!(p.ages.counts[bucket_of(7)], 1);
+        assert_eq!(p.ages.learned(), [(7, 1)]);
     }
 
     #[test]
@@ -1036,20 +956,6 @@ mod tests {
         assert_eq!((p.evict(), p.evict()), (Some(1), Some(0)));
     }
 
-    #[test]
-    fn age_buckets_cover_every_age_in_order() {
-        let mut last = 0;
-        for age in (0..5000).chain([u32::MAX / 2, u32::MAX]) {
-            let b = bucket_of(age);
-            assert!(b >= last && b < AGE_BUCKETS);
-            assert!(
-                u64::from(age) <= bucket_end(b) || b == AGE_BUCKETS - 1,
-                "{age}"
-            );
-            last = b;
-        }
-    }
-
     proptest! {
         /// Conversations over their own chains (no two share a block): any
         /// sequence of turns, each extending its chain by the tokens it
@@ -1065,7 +971,7 @@ mod tests {
         ) {
             const N: usize = 12;
             let mut p = ReturnTime::new(N).unwrap();
-            for age in learned.iter().cycle().take(RELEARN_PERIOD as usize) {
+            for age in learned.iter().cycle().take(LEARNING.relearn_period as usize) {
                 p.ages.record(*age);
             }
             if merged {
