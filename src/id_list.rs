@@ -1,16 +1,17 @@
-//! An intrusive doubly linked list over block ids.
+//! Intrusive doubly linked lists over block ids: one list, or several that
+//! share one array of links (an id is in at most one of them at a time).
 
 use crate::alloc::filled;
 use crate::error::Result;
 use crate::ids::BlockId;
 
-/// The end of the list: no previous or next id (block ids are below it).
+/// The end of a list: no previous or next id (block ids are below it).
 const NIL: u32 = u32::MAX;
 
-/// One id's place in the list: the ids before and after it. An id is
+/// One id's place in its list: the ids before and after it. An id is
 /// listed when it has an id before it or is the head, so an id not listed
-/// has `prev == NIL` (and is not the head): membership needs no word of
-/// its own.
+/// has `prev == NIL` (and is not a head): membership needs no word of its
+/// own.
 #[derive(Debug, Clone, Copy)]
 struct Link {
     prev: u32,
@@ -25,94 +26,156 @@ impl Link {
     };
 }
 
-/// An intrusive doubly linked list over block ids: O(1) push, pop and
-/// removal from the middle, no allocation after construction (8 bytes per
-/// block: both links of an id side by side, which also tell whether it is
-/// listed, so a push or a removal touches one line per id it changes).
-///
-/// ```text
-///   head -> [7] <-> [2] <-> [9] <- tail      next[7] = 2, prev[2] = 7, ...
-/// ```
-#[derive(Debug)]
-pub(crate) struct IdList {
-    links: Vec<Link>,
+/// One list's ends and length.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
     head: u32,
     tail: u32,
     len: usize,
 }
 
-impl IdList {
-    /// An empty list of ids below `capacity` (at most `u32::MAX`).
+impl Ends {
+    const EMPTY: Ends = Ends {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+/// `N` intrusive doubly linked lists over block ids, an id in at most one
+/// of them: O(1) push, pop and removal from the middle, no allocation after
+/// construction (8 bytes per block for all `N` lists: both links of an id
+/// side by side, which also tell whether it is listed, so a push or a
+/// removal touches one line per id it changes). The caller names the list
+/// an id is in.
+///
+/// ```text
+///   list 0: head -> [7] <-> [2] <-> [9] <- tail      next[7] = 2, prev[2] = 7, ...
+///   list 1: head -> [4] <-> [1] <- tail              (the same array of links)
+/// ```
+#[derive(Debug)]
+pub(crate) struct IdLists<const N: usize> {
+    links: Vec<Link>,
+    ends: [Ends; N],
+}
+
+impl<const N: usize> IdLists<N> {
+    /// `N` empty lists of ids below `capacity` (at most `u32::MAX`).
     pub(crate) fn new(capacity: usize) -> Result<Self> {
         Ok(Self {
             links: filled(capacity, Link::OUT, "a block list")?,
-            head: NIL,
-            tail: NIL,
-            len: 0,
+            ends: [Ends::EMPTY; N],
         })
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.len
+    pub(crate) fn len(&self, list: usize) -> usize {
+        self.ends[list].len
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+    pub(crate) fn is_empty(&self, list: usize) -> bool {
+        self.ends[list].len == 0
     }
 
-    pub(crate) fn contains(&self, id: BlockId) -> bool {
-        self.links[id as usize].prev != NIL || self.head == id
+    /// Whether `id` is in `list`, given that it is in no other.
+    pub(crate) fn contains(&self, list: usize, id: BlockId) -> bool {
+        self.links[id as usize].prev != NIL || self.ends[list].head == id
     }
 
-    /// The id `pop_front` would return.
-    pub(crate) fn front(&self) -> Option<BlockId> {
-        (self.head != NIL).then_some(self.head)
+    /// The id `pop_front(list)` would return.
+    pub(crate) fn front(&self, list: usize) -> Option<BlockId> {
+        let head = self.ends[list].head;
+        (head != NIL).then_some(head)
     }
 
-    pub(crate) fn push_back(&mut self, id: BlockId) {
+    /// Appends `id`, which no list holds, to `list`.
+    pub(crate) fn push_back(&mut self, list: usize, id: BlockId) {
         let i = id as usize;
-        debug_assert!(!self.contains(id), "block {id} is already listed");
+        debug_assert!(self.links[i].prev == NIL && self.links[i].next == NIL);
+        debug_assert!(
+            self.ends.iter().all(|e| e.head != id),
+            "block {id} is listed"
+        );
+        let ends = &mut self.ends[list];
         self.links[i] = Link {
-            prev: self.tail,
+            prev: ends.tail,
             next: NIL,
         };
-        match self.tail {
-            NIL => self.head = id,
+        match ends.tail {
+            NIL => ends.head = id,
             t => self.links[t as usize].next = id,
         }
-        self.tail = id;
-        self.len += 1;
+        ends.tail = id;
+        ends.len += 1;
     }
 
-    pub(crate) fn remove(&mut self, id: BlockId) {
+    /// Takes `id` out of `list`, which holds it.
+    pub(crate) fn remove(&mut self, list: usize, id: BlockId) {
         let i = id as usize;
-        debug_assert!(self.contains(id), "block {id} is not listed");
+        debug_assert!(self.contains(list, id), "block {id} is not in list {list}");
         let Link { prev: p, next: n } = self.links[i];
+        let ends = &mut self.ends[list];
         match p {
-            NIL => self.head = n,
+            NIL => ends.head = n,
             p => self.links[p as usize].next = n,
         }
         match n {
-            NIL => self.tail = p,
+            NIL => ends.tail = p,
             n => self.links[n as usize].prev = p,
         }
         self.links[i] = Link::OUT;
-        self.len -= 1;
+        ends.len -= 1;
+    }
+
+    pub(crate) fn pop_front(&mut self, list: usize) -> Option<BlockId> {
+        let head = self.front(list)?;
+        self.remove(list, head);
+        Some(head)
+    }
+
+    /// Ids of `list` from front (next out) to back.
+    #[cfg(test)]
+    pub(crate) fn iter(&self, list: usize) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::successors(self.front(list), |&b| {
+            let n = self.links[b as usize].next;
+            (n != NIL).then_some(n)
+        })
+    }
+}
+
+/// One intrusive doubly linked list over block ids (see [`IdLists`]).
+#[derive(Debug)]
+pub(crate) struct IdList(IdLists<1>);
+
+impl IdList {
+    /// An empty list of ids below `capacity` (at most `u32::MAX`).
+    pub(crate) fn new(capacity: usize) -> Result<Self> {
+        Ok(Self(IdLists::new(capacity)?))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len(0)
+    }
+
+    pub(crate) fn contains(&self, id: BlockId) -> bool {
+        self.0.contains(0, id)
+    }
+
+    pub(crate) fn push_back(&mut self, id: BlockId) {
+        self.0.push_back(0, id)
+    }
+
+    pub(crate) fn remove(&mut self, id: BlockId) {
+        self.0.remove(0, id)
     }
 
     pub(crate) fn pop_front(&mut self) -> Option<BlockId> {
-        let head = self.front()?;
-        self.remove(head);
-        Some(head)
+        self.0.pop_front(0)
     }
 
     /// Ids from front (next out) to back.
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
-        std::iter::successors(self.front(), |&b| {
-            let n = self.links[b as usize].next;
-            (n != NIL).then_some(n)
-        })
+        self.0.iter(0)
     }
 }
 
@@ -131,12 +194,11 @@ mod tests {
         l.push_back(3);
         assert_eq!(l.iter().collect::<Vec<_>>(), vec![1, 5, 3]);
         assert!(l.contains(5) && !l.contains(4));
-        assert_eq!(l.front(), Some(1));
         assert_eq!(l.pop_front(), Some(1));
         assert_eq!(l.pop_front(), Some(5));
         assert_eq!(l.pop_front(), Some(3));
         assert_eq!(l.pop_front(), None);
-        assert!(l.is_empty());
+        assert_eq!(l.len(), 0);
     }
 
     #[test]
@@ -149,11 +211,30 @@ mod tests {
         // The head has no id before it: it is listed by being the head.
         l.remove(0);
         assert!(!l.contains(0) && l.contains(2));
-        assert_eq!(l.front(), Some(2));
         l.push_back(0);
         assert_eq!(l.iter().collect::<Vec<_>>(), vec![2, 0]);
         l.remove(0);
         assert_eq!(l.pop_front(), Some(2));
-        assert!((0..4).all(|b| !l.contains(b)) && l.is_empty());
+        assert!((0..4).all(|b| !l.contains(b)) && l.len() == 0);
+    }
+
+    #[test]
+    fn lists_share_the_links_and_keep_their_own_order() {
+        let mut l: IdLists<3> = IdLists::new(8).unwrap();
+        for (list, id) in [(0, 3), (1, 5), (0, 1), (2, 0), (1, 7), (0, 6)] {
+            l.push_back(list, id);
+        }
+        assert_eq!(l.iter(0).collect::<Vec<_>>(), [3, 1, 6]);
+        assert_eq!(l.iter(1).collect::<Vec<_>>(), [5, 7]);
+        assert_eq!(l.iter(2).collect::<Vec<_>>(), [0]);
+        l.remove(0, 1);
+        l.remove(2, 0);
+        l.push_back(1, 1);
+        assert_eq!((l.len(0), l.len(1), l.len(2)), (2, 3, 0));
+        assert!(l.is_empty(2) && l.front(2).is_none());
+        assert!(l.contains(1, 1) && l.contains(1, 5) && !l.contains(0, 0));
+        assert_eq!(l.pop_front(1), Some(5));
+        assert_eq!(l.iter(1).collect::<Vec<_>>(), [7, 1]);
+        assert_eq!(l.iter(0).collect::<Vec<_>>(), [3, 6]);
     }
 }

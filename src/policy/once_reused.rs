@@ -89,12 +89,13 @@
 //!
 //! Costs: O(1) per call; a ghost lookup or push touches one cache line;
 //! every 128 witness returns the 240-bucket age table is rebuilt.
-//! Memory per block of the cache: the links of six lists (8 bytes each,
-//! 48), a release stamp (8), a fingerprint (8) and three flags (3): 67
-//! bytes; and the ghost table, 64 bytes per ghost a list holds rounded up
-//! to a power of two (each list holds 2 x num_blocks): 128 to 256 bytes;
-//! 195 bytes per block for a 16,383-block cache, against the 2.5 MiB a
-//! block of DeepSeek-V3 KV takes in fp8.
+//! Memory per block of the cache: its links in the six lists, which share
+//! one array (a block is in one list at a time; 8), a release stamp (8), a
+//! fingerprint (8) and three flags (3): 27 bytes; and the ghost table, 64
+//! bytes per ghost a list holds rounded up to a power of two (each list
+//! holds 2 x num_blocks): 128 to 256 bytes; 155 bytes per block for a
+//! 16,383-block cache, against the 2.5 MiB a block of DeepSeek-V3 KV takes
+//! in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
 use super::return_ages::{Learning, ReturnAges};
@@ -102,7 +103,7 @@ use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
 use crate::hash::BlockHash;
-use crate::id_list::IdList;
+use crate::id_list::IdLists;
 use crate::ids::BlockId;
 
 /// Each ghost list remembers this many evictions per block of the cache.
@@ -170,7 +171,7 @@ const WITNESS_RETURNS: Learning = Learning {
 /// module docs).
 #[derive(Debug)]
 pub(crate) struct OnceReused {
-    lists: [IdList; LISTS],
+    lists: IdLists<LISTS>,
     class: Vec<Class>,
     /// Residency's view of each cached block: kept, or on probation.
     kept: Vec<bool>,
@@ -208,14 +209,7 @@ pub(crate) struct OnceReused {
 impl OnceReused {
     pub(crate) fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
         Ok(Self {
-            lists: [
-                IdList::new(num_blocks)?,
-                IdList::new(num_blocks)?,
-                IdList::new(num_blocks)?,
-                IdList::new(num_blocks)?,
-                IdList::new(num_blocks)?,
-                IdList::new(num_blocks)?,
-            ],
+            lists: IdLists::new(num_blocks)?,
             class: filled(num_blocks, Class::Uncached, "the policy's classes")?,
             kept: filled(num_blocks, false, "the policy's classes")?,
             released_at: filled(num_blocks, 0, "the policy's release stamps")?,
@@ -262,7 +256,7 @@ impl OnceReused {
 
     /// Whether `block` is evictable (in one of the lists).
     pub(crate) fn is_evictable(&self, block: BlockId) -> bool {
-        self.lists[self.list_of(block)].contains(block)
+        self.lists.contains(self.list_of(block), block)
     }
 
     /// Switches rules; the lists and classes stay as they are.
@@ -284,7 +278,7 @@ impl OnceReused {
     /// Of lists `a` and `b`, the nonempty one whose front was released
     /// first.
     fn older(&self, a: usize, b: usize) -> Option<usize> {
-        match (self.lists[a].front(), self.lists[b].front()) {
+        match (self.lists.front(a), self.lists.front(b)) {
             (Some(x), Some(y)) => Some(
                 if self.released_at[x as usize] < self.released_at[y as usize] {
                     a
@@ -309,8 +303,8 @@ impl OnceReused {
         lists
             .iter()
             .filter_map(|&l| {
-                self.lists[l]
-                    .front()
+                self.lists
+                    .front(l)
                     .map(|b| (self.released_at[b as usize], l))
             })
             .min()
@@ -323,13 +317,13 @@ impl OnceReused {
         match self.rule {
             Rule::Residency => {
                 let probation = if self.spare_reused {
-                    [0, reused].into_iter().find(|&l| !self.lists[l].is_empty())
+                    [0, reused].into_iter().find(|&l| !self.lists.is_empty(l))
                 } else {
                     self.older(0, reused)
                 };
                 let kept = self.older(KEPT, reused_kept);
                 let stale = kept.filter(|&k| {
-                    let front = self.lists[k].front().expect("nonempty");
+                    let front = self.lists.front(k).expect("nonempty");
                     self.age(front) > self.returns.horizon()
                 });
                 stale.or(probation).or_else(|| self.oldest(&KEPT_LISTS))
@@ -350,7 +344,7 @@ impl OnceReused {
     /// it with the ghost list it goes to (its ghost is the caller's to push).
     fn take_victim(&mut self) -> Option<(BlockId, usize)> {
         let list = self.victim_list()?;
-        let block = self.lists[list].pop_front()?;
+        let block = self.lists.pop_front(list)?;
         self.set_class(block, Class::Uncached);
         let ghost = if REUSED_LISTS.contains(&list) {
             REUSED
@@ -438,7 +432,7 @@ impl EvictionPolicy for OnceReused {
         self.released_at[block as usize] = self.releases;
         self.releases += 1;
         let list = self.list_of(block);
-        self.lists[list].push_back(block);
+        self.lists.push_back(list, block);
     }
 
     fn remove(&mut self, block: BlockId) {
@@ -446,7 +440,7 @@ impl EvictionPolicy for OnceReused {
         if list >= WITNESSES && self.rule == Rule::Residency {
             self.returns.record(self.age(block));
         }
-        self.lists[list].remove(block);
+        self.lists.remove(list, block);
     }
 
     fn evict(&mut self) -> Option<BlockId> {
@@ -488,9 +482,9 @@ impl EvictionPolicy for OnceReused {
         // list its new classes name, released now, so every list stays in
         // release order.
         let before = self.list_of(block);
-        let listed = self.lists[before].contains(block);
+        let listed = self.lists.contains(before, block);
         if listed {
-            self.lists[before].remove(block);
+            self.lists.remove(before, block);
         }
         self.set_class(block, Class::Reused);
         self.kept[block as usize] = true;
@@ -506,11 +500,11 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn len(&self) -> usize {
-        self.lists.iter().map(IdList::len).sum()
+        (0..LISTS).map(|l| self.lists.len(l)).sum()
     }
 
     fn is_empty(&self) -> bool {
-        self.lists.iter().all(IdList::is_empty)
+        (0..LISTS).all(|l| self.lists.is_empty(l))
     }
 }
 
@@ -693,7 +687,7 @@ mod tests {
         }
         // Residency: probation first (1), then kept in release order (0, 2).
         p.set_rule(Rule::Residency);
-        assert_eq!(p.victim_list().map(|l| p.lists[l].front()), Some(Some(1)));
+        assert_eq!(p.victim_list().map(|l| p.lists.front(l)), Some(Some(1)));
         // ARC with target 0: once first in release order (0, then 1).
         p.set_rule(Rule::Arc);
         assert_eq!(p.evict(), Some(0));
