@@ -87,6 +87,13 @@ impl<const N: usize> IdLists<N> {
         (head != NIL).then_some(head)
     }
 
+    /// The id after `id` (towards the back) in its list, if any; `id` must
+    /// be listed.
+    pub(crate) fn after(&self, id: BlockId) -> Option<BlockId> {
+        let n = self.links[id as usize].next;
+        (n != NIL).then_some(n)
+    }
+
     /// Appends `id`, which no list holds, to `list`.
     pub(crate) fn push_back(&mut self, list: usize, id: BlockId) {
         let i = id as usize;
@@ -235,6 +242,10 @@ mod tests {
         assert!(l.contains(1, 1) && l.contains(1, 5) && !l.contains(0, 0));
         assert_eq!(l.pop_front(1), Some(5));
         assert_eq!(l.iter(1).collect::<Vec<_>>(), [7, 1]);
+        assert_eq!(
+            (l.after(7), l.after(1), l.after(3)),
+            (Some(1), None, Some(6))
+        );
         assert_eq!(l.iter(0).collect::<Vec<_>>(), [3, 6]);
     }
 }

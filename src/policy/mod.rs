@@ -77,7 +77,6 @@ pub enum Retention {
 /// - [`remove`](Self::remove)`(b)`: an evictable block was revived by a hit.
 /// - [`evict`](Self::evict): choose an evictable block and forget it; the
 ///   manager drops its hash from the index. Returns `None` only when empty.
-///   [`evict_many`](Self::evict_many) is `n` of them in a row.
 /// - [`on_hit`](Self::on_hit)`(b)`: an admission reused `b` (after `remove`
 ///   when it was free).
 /// - [`forget`](Self::forget)`(b)`: `b` left the prefix index without being
@@ -117,17 +116,6 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     fn remove(&mut self, block: BlockId);
     /// Chooses a victim and removes it from the evictable set.
     fn evict(&mut self) -> Option<BlockId>;
-    /// Up to `n` victims in a row, appended to `out` in eviction order (the
-    /// same blocks as `n` calls of [`evict`](Self::evict)); returns how many.
-    /// Policies with per-victim work elsewhere in memory batch it here.
-    fn evict_many(&mut self, n: usize, out: &mut Vec<BlockId>) -> usize {
-        let start = out.len();
-        while out.len() - start < n {
-            let Some(b) = self.evict() else { break };
-            out.push(b);
-        }
-        out.len() - start
-    }
     /// A request hit `block` (free or not). Frequency-aware policies count it.
     fn on_hit(&mut self, _block: BlockId) {}
     /// `block` left the prefix index on request, not by [`evict`](Self::evict);
@@ -180,8 +168,6 @@ mod tests {
         /// Drop a cached block from the index on request (by index into all cached ones).
         Drop(usize),
         Evict,
-        /// Evict this many in a row.
-        EvictMany(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -192,7 +178,6 @@ mod tests {
             2 => any::<usize>().prop_map(Op::Hit),
             1 => any::<usize>().prop_map(Op::Drop),
             2 => Just(Op::Evict),
-            1 => (0..6u8).prop_map(Op::EvictMany),
         ]
     }
 
@@ -214,66 +199,14 @@ mod tests {
         (!cached.is_empty()).then(|| cached[i % cached.len()])
     }
 
-    /// Two policies of one kind that get the same calls, each answering
-    /// alike, except that `evict_many` is `n` calls of `evict` on the first
-    /// and one `evict_many(n)` on the second.
-    struct Twins([Box<dyn EvictionPolicy>; 2]);
-
-    impl Twins {
-        fn both<R: PartialEq + fmt::Debug>(
-            &mut self,
-            f: impl Fn(&mut dyn EvictionPolicy) -> R,
-        ) -> R {
-            let [a, b] = &mut self.0;
-            let r = f(a.as_mut());
-            assert_eq!(r, f(b.as_mut()), "the twins answered differently");
-            r
-        }
-        fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
-            self.both(|p| p.on_request(hashes, hit))
-        }
-        fn on_store(&mut self, b: BlockId, h: BlockHash, r: Retention, parent: Option<BlockId>) {
-            self.both(|p| p.on_store(b, h, r, parent))
-        }
-        fn insert(&mut self, b: BlockId) {
-            self.both(|p| p.insert(b))
-        }
-        fn remove(&mut self, b: BlockId) {
-            self.both(|p| p.remove(b))
-        }
-        fn on_hit(&mut self, b: BlockId) {
-            self.both(|p| p.on_hit(b))
-        }
-        fn forget(&mut self, b: BlockId) {
-            self.both(|p| p.forget(b))
-        }
-        fn evict(&mut self) -> Option<BlockId> {
-            self.both(|p| p.evict())
-        }
-        fn evict_many(&mut self, n: usize) -> Vec<BlockId> {
-            let [a, b] = &mut self.0;
-            let one_by_one: Vec<BlockId> = (0..n).map_while(|_| a.evict()).collect();
-            let mut batch = Vec::new();
-            assert_eq!(b.evict_many(n, &mut batch), batch.len());
-            assert_eq!(one_by_one, batch, "evict_many({n})");
-            batch
-        }
-        fn len(&self) -> usize {
-            assert_eq!(self.0[0].len(), self.0[1].len());
-            self.0[0].len()
-        }
-    }
-
     proptest! {
         /// Any sequence of calls that keeps the contract: every policy evicts
-        /// only evictable blocks, each once, and counts them right; and
-        /// `evict_many(n)` takes the blocks `n` calls of `evict` would, leaving
-        /// the policy as they would (a twin gets the same calls but those).
+        /// only evictable blocks, each once, and counts them right.
         #[test]
         fn every_policy_keeps_the_evictable_set(ops in prop::collection::vec(op(), 1..200)) {
             for kind in EvictionPolicyKind::ALL {
-                let mut p = Twins([build(kind, BLOCKS).unwrap(), build(kind, BLOCKS).unwrap()]);
-                prop_assert_eq!(p.0[0].name(), kind.name());
+                let mut p = build(kind, BLOCKS).unwrap();
+                prop_assert_eq!(p.name(), kind.name());
                 let mut never: Vec<BlockId> = (0..BLOCKS as BlockId).collect();
                 let mut held: Vec<BlockId> = Vec::new();
                 // Held blocks dropped from the index: released to `never`, not to the policy.
@@ -343,12 +276,6 @@ mod tests {
                                     never.push(b);
                                 }
                                 None => prop_assert!(evictable.is_empty()),
-                            }
-                        }
-                        Op::EvictMany(n) => {
-                            for b in p.evict_many(usize::from(n)) {
-                                prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
-                                never.push(b);
                             }
                         }
                         Op::Release(_) => {}

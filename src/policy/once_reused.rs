@@ -114,11 +114,6 @@ const GHOSTS_PER_BLOCK: usize = 2;
 /// Under [`Rule::Residency`], one cold request in this many keeps its blocks.
 const COLD_ADMISSION_PERIOD: u64 = 32;
 
-/// Ghost lookups (of stored blocks) or pushes (of victims) between a ghost
-/// bucket's prefetch and its use: enough to overlap their cache misses, few
-/// enough that the prefetched lines are still there when used.
-const AHEAD: usize = 8;
-
 /// Ghost list of blocks evicted while seen once.
 const ONCE: usize = 0;
 /// Ghost list of blocks evicted while reused.
@@ -192,13 +187,6 @@ pub(crate) struct OnceReused {
     cold_requests: u64,
     /// Under residency, list 0 empties before list 2 is evicted from.
     spare_reused: bool,
-    /// Fingerprints of the blocks the last request may store, in order, and
-    /// how many stores came since: their ghost buckets are fetched a few
-    /// stores ahead.
-    coming: Vec<u64>,
-    stored: usize,
-    /// The ghosts of a run of victims, pushed after the run.
-    pushes: Vec<(usize, u64)>,
     /// Blocks whose returns are measured (never stale-first), by fingerprint.
     witness: Vec<bool>,
     /// Return ages of kept witnesses (in releases), and the horizon past
@@ -222,9 +210,6 @@ impl OnceReused {
             rule,
             cold_requests: 0,
             spare_reused: false,
-            coming: Vec::new(),
-            stored: 0,
-            pushes: Vec::new(),
             witness: filled(num_blocks, false, "the policy's classes")?,
             returns: ReturnAges::new(WITNESS_RETURNS),
         })
@@ -339,22 +324,6 @@ impl OnceReused {
     }
 }
 
-impl OnceReused {
-    /// Takes the next victim out of its list and the index's view; returns
-    /// it with the ghost list it goes to (its ghost is the caller's to push).
-    fn take_victim(&mut self) -> Option<(BlockId, usize)> {
-        let list = self.victim_list()?;
-        let block = self.lists.pop_front(list)?;
-        self.set_class(block, Class::Uncached);
-        let ghost = if REUSED_LISTS.contains(&list) {
-            REUSED
-        } else {
-            ONCE
-        };
-        Some((block, ghost))
-    }
-}
-
 impl EvictionPolicy for OnceReused {
     fn name(&self) -> &'static str {
         match self.rule {
@@ -364,18 +333,10 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
-        // The blocks past the hit are about to be stored: their ghost
-        // buckets are fetched a few stores ahead (`on_store`), so the misses
-        // overlap without crowding out one another.
-        self.coming.clear();
-        self.coming.extend(
-            hashes[hit.min(hashes.len())..]
-                .iter()
-                .map(|&h| fingerprint(h)),
-        );
-        self.stored = 0;
-        for &fp in self.coming.iter().take(AHEAD) {
-            self.ghosts.prefetch(fp);
+        // The blocks past the hit are about to be stored: fetch their ghost
+        // buckets all at once rather than one miss at a time.
+        for &h in &hashes[hit.min(hashes.len())..] {
+            self.ghosts.prefetch(fingerprint(h));
         }
         // Counted under every rule, so a switch finds the count going. A
         // prompt without a full block has nothing to be judged by: warm.
@@ -398,10 +359,6 @@ impl EvictionPolicy for OnceReused {
         _parent: Option<BlockId>,
     ) {
         debug_assert_eq!(self.class[block as usize], Class::Uncached);
-        if let Some(&next) = self.coming.get(self.stored + AHEAD) {
-            self.ghosts.prefetch(next);
-        }
-        self.stored += 1;
         let fp = fingerprint(hash);
         self.fingerprint[block as usize] = fp;
         let (b1, b2) = (self.ghosts.len(ONCE), self.ghosts.len(REUSED));
@@ -444,35 +401,28 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let (block, ghost) = self.take_victim()?;
-        self.ghosts.push(ghost, self.fingerprint[block as usize]);
-        Some(block)
-    }
-
-    fn evict_many(&mut self, n: usize, out: &mut Vec<BlockId>) -> usize {
-        // The victims first, then their ghosts, each ghost bucket fetched a
-        // few pushes ahead: no push changes which block goes next.
-        let start = out.len();
-        let mut pushes = std::mem::take(&mut self.pushes);
-        pushes.clear();
-        while out.len() - start < n {
-            let Some((block, ghost)) = self.take_victim() else {
-                break;
-            };
-            out.push(block);
-            pushes.push((ghost, self.fingerprint[block as usize]));
-        }
-        for &(_, fp) in pushes.iter().take(AHEAD) {
-            self.ghosts.prefetch(fp);
-        }
-        for (i, &(ghost, fp)) in pushes.iter().enumerate() {
-            if let Some(&(_, next)) = pushes.get(i + AHEAD) {
-                self.ghosts.prefetch(next);
+        let list = self.victim_list()?;
+        let block = self.lists.pop_front(list)?;
+        let fp = self.fingerprint[block as usize];
+        let ghost = if REUSED_LISTS.contains(&list) {
+            REUSED
+        } else {
+            ONCE
+        };
+        self.ghosts.push(ghost, fp);
+        self.set_class(block, Class::Uncached);
+        // Victims come in runs: fetch the ghost buckets of the next two now,
+        // so their pushes find them in the cache.
+        if let Some(next) = self.victim_list() {
+            let front = self.lists.front(next);
+            for b in front
+                .into_iter()
+                .chain(front.and_then(|b| self.lists.after(b)))
+            {
+                self.ghosts.prefetch(self.fingerprint[b as usize]);
             }
-            self.ghosts.push(ghost, fp);
         }
-        self.pushes = pushes;
-        out.len() - start
+        Some(block)
     }
 
     fn on_hit(&mut self, block: BlockId) {
