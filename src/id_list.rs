@@ -121,6 +121,8 @@ impl<const N: usize> IdLists<N> {
         debug_assert!(self.contains(list, id), "block {id} is not in list {list}");
         let Link { prev: p, next: n } = self.links[i];
         let ends = &mut self.ends[list];
+        debug_assert!(p != NIL || ends.head == id, "block {id} heads another list");
+        debug_assert!(n != NIL || ends.tail == id, "block {id} ends another list");
         match p {
             NIL => ends.head = n,
             p => self.links[p as usize].next = n,

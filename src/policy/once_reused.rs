@@ -68,6 +68,7 @@
 //!   once             [0]           [1]      [4]          ARC's once    = [0] + [1] + [4]
 //!   reused           [2]           [3]      [5]          ARC's reused  = [2] + [3] + [5]
 //!                                                        residency's probation = [0] + [2]
+//!                                                        residency's kept = [1] + [3] + [4] + [5]
 //!                                                        residency's stale: the older front of [1] and [3]
 //! ```
 //!
@@ -91,14 +92,14 @@
 //! every 128 witness returns the 240-bucket age table is rebuilt.
 //! Memory per block of the cache: its links in the six lists, which share
 //! one array (a block is in one list at a time; 8), a release stamp (8), a
-//! fingerprint (8) and three flags (3): 27 bytes; and the ghost table, 64
+//! fingerprint (8) and four flags (4): 28 bytes; and the ghost table, 64
 //! bytes per ghost a list holds rounded up to a power of two (each list
-//! holds 2 x num_blocks): 128 to 256 bytes; 155 bytes per block for a
+//! holds 2 x num_blocks): 128 to 256 bytes; 156 bytes per block for a
 //! 16,383-block cache, against the 2.5 MiB a block of DeepSeek-V3 KV takes
 //! in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
-use super::return_ages::{Learning, ReturnAges};
+use super::return_ages::{Learning, ReturnAges, AGE_BUCKETS};
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -157,6 +158,7 @@ const WITNESS_RATE: u64 = 16;
 /// follows the traffic about as fast as `return_time`'s tables); the
 /// horizon is 1.5 x their 99th percentile.
 const WITNESS_RETURNS: Learning = Learning {
+    buckets: AGE_BUCKETS,
     relearn_period: 128,
     window: 256,
     percentile: 99,
@@ -189,6 +191,9 @@ pub(crate) struct OnceReused {
     spare_reused: bool,
     /// Blocks whose returns are measured (never stale-first), by fingerprint.
     witness: Vec<bool>,
+    /// Taken out of the lists by `remove` since their last release: the
+    /// next `on_hit` is a return, of this age.
+    revived: Vec<bool>,
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
@@ -211,6 +216,7 @@ impl OnceReused {
             cold_requests: 0,
             spare_reused: false,
             witness: filled(num_blocks, false, "the policy's classes")?,
+            revived: filled(num_blocks, false, "the policy's classes")?,
             returns: ReturnAges::new(WITNESS_RETURNS),
         })
     }
@@ -388,16 +394,17 @@ impl EvictionPolicy for OnceReused {
         );
         self.released_at[block as usize] = self.releases;
         self.releases += 1;
+        self.revived[block as usize] = false;
         let list = self.list_of(block);
         self.lists.push_back(list, block);
     }
 
     fn remove(&mut self, block: BlockId) {
         let list = self.list_of(block);
-        if list >= WITNESSES && self.rule == Rule::Residency {
-            self.returns.record(self.age(block));
-        }
         self.lists.remove(list, block);
+        // A return if a hit follows (the prefix cache also takes blocks out
+        // to lock or pin them).
+        self.revived[block as usize] = true;
     }
 
     fn evict(&mut self) -> Option<BlockId> {
@@ -432,6 +439,10 @@ impl EvictionPolicy for OnceReused {
         // list its new classes name, released now, so every list stays in
         // release order.
         let before = self.list_of(block);
+        let revived = std::mem::take(&mut self.revived[block as usize]);
+        if revived && before >= WITNESSES && self.rule == Rule::Residency {
+            self.returns.record(self.age(block));
+        }
         let listed = self.lists.contains(before, block);
         if listed {
             self.lists.remove(before, block);
@@ -447,6 +458,7 @@ impl EvictionPolicy for OnceReused {
         // Dropped, not evicted: no ghost, so its return moves no target.
         debug_assert!(!self.is_evictable(block));
         self.set_class(block, Class::Uncached);
+        self.revived[block as usize] = false;
     }
 
     fn len(&self) -> usize {
@@ -721,15 +733,33 @@ mod tests {
             Some(2),
             "5 releases old: stale, before probation"
         );
-        assert_eq!(p.evict(), Some(1), "a witness never goes stale-first");
+        assert!(p.age(3) > p.returns.horizon(), "the witness is as old");
+        assert_eq!(p.evict(), Some(1), "but a witness never goes stale-first");
         assert_eq!(p.evict(), Some(5));
         assert_eq!(p.evict(), Some(3));
-        // Returns of blocks that are not kept witnesses teach nothing.
+        // Only a hit on a kept witness taken out of the lists is a return:
+        // not a kept block's, not a witness's on probation, not a witness
+        // taken out to be locked (no hit), nor one hit under ARC.
         let learned = p.returns.learned();
         p.on_store(6, other(7), Retention::Keep, None);
-        p.insert(6);
-        p.remove(6);
+        p.on_store(7, witness(8), Retention::Probation, None);
+        p.on_store(3, witness(9), Retention::Keep, None);
+        for b in [6, 7, 3] {
+            p.insert(b);
+            p.remove(b);
+        }
+        p.on_hit(6);
+        p.on_hit(7);
+        p.insert(3);
+        p.set_rule(Rule::Arc);
+        p.remove(3);
+        p.on_hit(3);
         assert_eq!(p.returns.learned(), learned);
+        p.insert(3);
+        p.set_rule(Rule::Residency);
+        p.remove(3);
+        p.on_hit(3);
+        assert_ne!(p.returns.learned(), learned, "this one is");
     }
 
     proptest! {
@@ -754,7 +784,6 @@ mod tests {
             for age in learned_age.into_iter().cycle().take(WITNESS_RETURNS.relearn_period as usize) {
                 p.returns.record(age);
             }
-            let horizon = p.returns.horizon();
             let mut free: Vec<BlockId> = (0..N as BlockId).collect();
             let mut held: Vec<BlockId> = Vec::new();
             // Evictable blocks in release order, with the releases counted.
@@ -773,7 +802,7 @@ mod tests {
                                 let stale = released
                                     .iter()
                                     .find(|&&b| p.kept[b as usize] && !p.witness[b as usize])
-                                    .filter(|&&b| releases - released_at[b as usize] > u64::from(horizon));
+                                    .filter(|&&b| releases - released_at[b as usize] > u64::from(p.returns.horizon()));
                                 let expected = match p.rule() {
                                     Rule::Residency if stale.is_some() => stale,
                                     Rule::Residency if spare => released

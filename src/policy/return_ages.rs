@@ -11,7 +11,7 @@
 //! ```
 
 /// Age buckets: exact below 8, then 8 per doubling, up to `u32::MAX`.
-const AGE_BUCKETS: usize = 240;
+pub(super) const AGE_BUCKETS: usize = 240;
 
 /// The age bucket of `age`.
 fn bucket_of(age: u32) -> usize {
@@ -36,6 +36,8 @@ fn bucket_end(b: usize) -> u64 {
 /// How a [`ReturnAges`] learns.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Learning {
+    /// Buckets used (at most [`AGE_BUCKETS`]): older ages count in the last.
+    pub(super) buckets: usize,
     /// Returns between two rebuilds of the predictions.
     pub(super) relearn_period: u64,
     /// Returns counted before the counts halve.
@@ -59,6 +61,8 @@ pub(super) struct ReturnAges {
 impl ReturnAges {
     /// Nothing learned yet: no horizon (`u32::MAX`).
     pub(super) fn new(learning: Learning) -> Self {
+        assert!((1..=AGE_BUCKETS).contains(&learning.buckets));
+        assert!(learning.relearn_period > 0 && learning.percentile <= 100);
         Self {
             counts: [0; AGE_BUCKETS],
             total: 0,
@@ -70,7 +74,7 @@ impl ReturnAges {
 
     /// A block came back `age` after its last use.
     pub(super) fn record(&mut self, age: u32) {
-        self.counts[bucket_of(age)] += 1;
+        self.counts[self.bucket(age)] += 1;
         self.total += 1;
         if self.total % self.learning.relearn_period == 0 {
             self.relearn();
@@ -81,6 +85,11 @@ impl ReturnAges {
             }
             self.total = self.counts.iter().sum();
         }
+    }
+
+    /// The bucket `age` counts in.
+    fn bucket(&self, age: u32) -> usize {
+        bucket_of(age).min(self.learning.buckets - 1)
     }
 
     fn relearn(&mut self) {
@@ -94,7 +103,7 @@ impl ReturnAges {
         }
         // Remaining time at the start of each bucket, over later returns.
         let (mut n, mut sum) = (0u64, 0u64);
-        for b in (0..AGE_BUCKETS).rev() {
+        for b in (0..self.learning.buckets).rev() {
             let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 };
             self.remaining[b] = sum.checked_div(n).unwrap_or(0).saturating_sub(start);
             n += self.counts[b];
@@ -110,7 +119,7 @@ impl ReturnAges {
 
     /// Expected age until a returning block of this age comes back.
     pub(super) fn remaining(&self, age: u32) -> u64 {
-        self.remaining[bucket_of(age)]
+        self.remaining[self.bucket(age)]
     }
 
     /// The nonempty buckets as (largest age, count).
@@ -143,6 +152,7 @@ mod tests {
     #[test]
     fn the_horizon_is_one_and_a_half_times_the_percentile() {
         let mut ages = ReturnAges::new(Learning {
+            buckets: AGE_BUCKETS,
             relearn_period: 100,
             window: 1000,
             percentile: 99,
@@ -168,8 +178,26 @@ mod tests {
     }
 
     #[test]
+    fn fewer_buckets_count_older_ages_in_the_last() {
+        let mut ages = ReturnAges::new(Learning {
+            buckets: 128,
+            relearn_period: 10,
+            window: 1000,
+            percentile: 95,
+        });
+        for _ in 0..10 {
+            ages.record(u32::MAX);
+        }
+        // The last of 128 buckets ends at 262,143.
+        assert_eq!(ages.learned(), [(262_143, 10)]);
+        assert_eq!(ages.horizon(), 262_143 * 3 / 2);
+        assert_eq!(ages.remaining(1 << 30), ages.remaining(300_000));
+    }
+
+    #[test]
     fn counts_halve_past_the_window() {
         let mut ages = ReturnAges::new(Learning {
+            buckets: AGE_BUCKETS,
             relearn_period: 10,
             window: 20,
             percentile: 99,

@@ -88,11 +88,13 @@ const CLASSES: usize = 2 * TURNS + 1;
 const SHARED: usize = CLASSES - 1;
 /// Hits that make a block shared: more than a conversation has turns.
 const SHARED_HITS: u8 = 16;
-/// How the return ages (in requests) are learned: rebuilt every 1,024
-/// returns, halved past 65,536 (recent traffic weighs more); the horizon
+/// How the return ages (in requests) are learned: 128 buckets (ages from
+/// 245,760 on count as one), rebuilt every 1,024 returns, halved past
+/// 65,536 (recent traffic weighs more); the horizon
 /// is 1.5 x their 95th percentile. Ages past it are still seen (stores of
 /// evicted hashes), so it does not shrink itself.
 const LEARNING: Learning = Learning {
+    buckets: 128,
     relearn_period: 1024,
     window: 1 << 16,
     percentile: 95,
