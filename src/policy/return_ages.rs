@@ -49,11 +49,13 @@ pub(super) struct Learning {
 /// The ages at which blocks came back, and what they predict.
 #[derive(Debug)]
 pub(super) struct ReturnAges {
-    counts: [u64; AGE_BUCKETS],
+    /// Per bucket (`learning.buckets` of them, on the heap: policies are
+    /// built on the stack of whoever boxes them).
+    counts: Box<[u64]>,
     total: u64,
     /// Expected age until a block of each age bucket returns, among blocks
     /// that return.
-    remaining: [u64; AGE_BUCKETS],
+    remaining: Box<[u64]>,
     horizon: u32,
     learning: Learning,
 }
@@ -64,9 +66,9 @@ impl ReturnAges {
         assert!((1..=AGE_BUCKETS).contains(&learning.buckets));
         assert!(learning.relearn_period > 0 && learning.percentile <= 100);
         Self {
-            counts: [0; AGE_BUCKETS],
+            counts: vec![0; learning.buckets].into_boxed_slice(),
             total: 0,
-            remaining: [0; AGE_BUCKETS],
+            remaining: vec![0; learning.buckets].into_boxed_slice(),
             horizon: u32::MAX,
             learning,
         }
@@ -125,7 +127,7 @@ impl ReturnAges {
     /// The nonempty buckets as (largest age, count).
     #[cfg(test)]
     pub(super) fn learned(&self) -> Vec<(u64, u64)> {
-        (0..AGE_BUCKETS)
+        (0..self.counts.len())
             .filter(|&b| self.counts[b] > 0)
             .map(|b| (bucket_end(b), self.counts[b]))
             .collect()
