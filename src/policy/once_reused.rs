@@ -266,23 +266,6 @@ impl OnceReused {
         *slot = class;
     }
 
-    /// Of lists `a` and `b`, the nonempty one whose front was released
-    /// first.
-    fn older(&self, a: usize, b: usize) -> Option<usize> {
-        match (self.lists.front(a), self.lists.front(b)) {
-            (Some(x), Some(y)) => Some(
-                if self.released_at[x as usize] < self.released_at[y as usize] {
-                    a
-                } else {
-                    b
-                },
-            ),
-            (Some(_), None) => Some(a),
-            (None, Some(_)) => Some(b),
-            (None, None) => None,
-        }
-    }
-
     /// Releases since `block`'s own (`u32::MAX` at most).
     fn age(&self, block: BlockId) -> u32 {
         let age = self.releases - self.released_at[block as usize];
@@ -310,9 +293,9 @@ impl OnceReused {
                 let probation = if self.spare_reused {
                     [0, reused].into_iter().find(|&l| !self.lists.is_empty(l))
                 } else {
-                    self.older(0, reused)
+                    self.oldest(&[0, reused])
                 };
-                let kept = self.older(KEPT, reused_kept);
+                let kept = self.oldest(&[KEPT, reused_kept]);
                 let stale = kept.filter(|&k| {
                     let front = self.lists.front(k).expect("nonempty");
                     self.age(front) > self.returns.horizon()
