@@ -1,5 +1,6 @@
 //! Intrusive doubly linked lists over block ids: one list, or several that
-//! share one array of links (an id is in at most one of them at a time).
+//! share one array of links (an id is in at most one of them at a time),
+//! each id's links side by side with a record the caller keeps for it.
 
 use crate::alloc::filled;
 use crate::error::Result;
@@ -26,6 +27,15 @@ impl Link {
     };
 }
 
+/// An id's links and its record, side by side: one cache line for both
+/// (for records of up to 56 bytes).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct Entry<T> {
+    link: Link,
+    record: T,
+}
+
 /// One list's ends and length.
 #[derive(Debug, Clone, Copy)]
 struct Ends {
@@ -49,23 +59,51 @@ impl Ends {
 /// removal touches one line per id it changes). The caller names the list
 /// an id is in.
 ///
+/// Each id also has a record of type `T` (none by default), stored next to
+/// its links: a caller that reads an id's record whenever it moves the id
+/// (a policy's classes and stamps) finds both in one cache line, where an
+/// array of its own would cost a miss more per id.
+///
 /// ```text
 ///   list 0: head -> [7] <-> [2] <-> [9] <- tail      next[7] = 2, prev[2] = 7, ...
 ///   list 1: head -> [4] <-> [1] <- tail              (the same array of links)
+///   entry of id 7: | prev | next | record |
 /// ```
 #[derive(Debug)]
-pub(crate) struct IdLists<const N: usize> {
-    links: Vec<Link>,
+pub(crate) struct IdLists<const N: usize, T = ()> {
+    entries: Vec<Entry<T>>,
     ends: [Ends; N],
 }
 
 impl<const N: usize> IdLists<N> {
     /// `N` empty lists of ids below `capacity` (at most `u32::MAX`).
     pub(crate) fn new(capacity: usize) -> Result<Self> {
+        Self::with_records(capacity, ())
+    }
+}
+
+impl<const N: usize, T: Copy> IdLists<N, T> {
+    /// `N` empty lists of ids below `capacity` (at most `u32::MAX`), every
+    /// id's record `record`.
+    pub(crate) fn with_records(capacity: usize, record: T) -> Result<Self> {
+        let entry = Entry {
+            link: Link::OUT,
+            record,
+        };
         Ok(Self {
-            links: filled(capacity, Link::OUT, "a block list")?,
+            entries: filled(capacity, entry, "a block list")?,
             ends: [Ends::EMPTY; N],
         })
+    }
+
+    /// `id`'s record, listed or not.
+    pub(crate) fn record(&self, id: BlockId) -> &T {
+        &self.entries[id as usize].record
+    }
+
+    /// `id`'s record, to change.
+    pub(crate) fn record_mut(&mut self, id: BlockId) -> &mut T {
+        &mut self.entries[id as usize].record
     }
 
     pub(crate) fn len(&self, list: usize) -> usize {
@@ -78,7 +116,7 @@ impl<const N: usize> IdLists<N> {
 
     /// Whether `id` is in `list`, given that it is in no other.
     pub(crate) fn contains(&self, list: usize, id: BlockId) -> bool {
-        self.links[id as usize].prev != NIL || self.ends[list].head == id
+        self.entries[id as usize].link.prev != NIL || self.ends[list].head == id
     }
 
     /// The id `pop_front(list)` would return.
@@ -90,26 +128,26 @@ impl<const N: usize> IdLists<N> {
     /// The id after `id` (towards the back) in its list, if any; `id` must
     /// be listed.
     pub(crate) fn after(&self, id: BlockId) -> Option<BlockId> {
-        let n = self.links[id as usize].next;
+        let n = self.entries[id as usize].link.next;
         (n != NIL).then_some(n)
     }
 
     /// Appends `id`, which no list holds, to `list`.
     pub(crate) fn push_back(&mut self, list: usize, id: BlockId) {
         let i = id as usize;
-        debug_assert!(self.links[i].prev == NIL && self.links[i].next == NIL);
+        debug_assert!(self.entries[i].link.prev == NIL && self.entries[i].link.next == NIL);
         debug_assert!(
             self.ends.iter().all(|e| e.head != id),
             "block {id} is listed"
         );
         let ends = &mut self.ends[list];
-        self.links[i] = Link {
+        self.entries[i].link = Link {
             prev: ends.tail,
             next: NIL,
         };
         match ends.tail {
             NIL => ends.head = id,
-            t => self.links[t as usize].next = id,
+            t => self.entries[t as usize].link.next = id,
         }
         ends.tail = id;
         ends.len += 1;
@@ -119,19 +157,19 @@ impl<const N: usize> IdLists<N> {
     pub(crate) fn remove(&mut self, list: usize, id: BlockId) {
         let i = id as usize;
         debug_assert!(self.contains(list, id), "block {id} is not in list {list}");
-        let Link { prev: p, next: n } = self.links[i];
+        let Link { prev: p, next: n } = self.entries[i].link;
         let ends = &mut self.ends[list];
         debug_assert!(p != NIL || ends.head == id, "block {id} heads another list");
         debug_assert!(n != NIL || ends.tail == id, "block {id} ends another list");
         match p {
             NIL => ends.head = n,
-            p => self.links[p as usize].next = n,
+            p => self.entries[p as usize].link.next = n,
         }
         match n {
             NIL => ends.tail = p,
-            n => self.links[n as usize].prev = p,
+            n => self.entries[n as usize].link.prev = p,
         }
-        self.links[i] = Link::OUT;
+        self.entries[i].link = Link::OUT;
         ends.len -= 1;
     }
 
@@ -145,7 +183,7 @@ impl<const N: usize> IdLists<N> {
     #[cfg(test)]
     pub(crate) fn iter(&self, list: usize) -> impl Iterator<Item = BlockId> + '_ {
         std::iter::successors(self.front(list), |&b| {
-            let n = self.links[b as usize].next;
+            let n = self.entries[b as usize].link.next;
             (n != NIL).then_some(n)
         })
     }

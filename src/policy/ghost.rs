@@ -12,49 +12,63 @@ pub(crate) fn fingerprint(hash: BlockHash) -> u64 {
     (hash.0 as u64) | 1
 }
 
-/// Bits of an entry's push number (wrapping).
-const SEQ_BITS: u32 = 31;
-const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Generations an entry lives, at most: it expires once its list has begun
+/// this many newer ones (a generation is `capacity / LIFE` pushes to a
+/// list; a list of fewer than `LIFE` fingerprints has a generation a push).
+const LIFE: u32 = 256;
+/// Bits of an entry's generation (wrapping): eight lives, so that an entry
+/// left dead in its bucket cannot pass for a live one (a push clears the
+/// dead entries of its bucket, and a bucket is pushed to about four times
+/// a life).
+const GEN_BITS: u32 = 11;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+/// Bits of an entry's tag (the rest of the 32 bits: list 1, generation 11).
+const TAG_BITS: u32 = 20;
+/// Entries per bucket: one 64-byte cache line.
+const WAYS: usize = 16;
 
 /// Two ghost lists: each remembers about the last `capacity` fingerprints
 /// pushed to it, and `take` finds a fingerprint in either with one memory
 /// access.
 ///
 /// ```text
-///   bucket = fingerprint * golden >> shift        (8 ways of 8 bytes: a cache line)
-///   entry  = tag: 32 bits of the fingerprint | list: 1 bit | push number: 31 bits
-///   live   = pushes[list] - push number < capacity   (older entries expire)
+///   bucket = fingerprint * golden >> shift        (16 ways of 4 bytes: a cache line)
+///   entry  = tag: 20 bits of the fingerprint | list: 1 bit | generation: 11 bits
+///   live   = generations[list] - generation < life (256)   (older entries expire)
 /// ```
 ///
-/// Entries expire by their push number, so nothing is ever cleaned up: a
-/// push writes one entry, a take clears one, each in one cache line. A
-/// push into a full bucket replaces its entry with the least life left, so
-/// a fingerprint can be forgotten early; buckets are a quarter full on
-/// average, so that is rare (it matters: losing old ghosts of the busier
-/// list starves ARC of the returns it learns from). A false match needs a
-/// 32-bit tag collision within one bucket. Memory is fixed at
-/// construction: 64 bytes per fingerprint a list holds (rounded up to a
-/// power of two), so 32 to 64 bytes per fingerprint remembered, and a bit
-/// per push.
-/// Entries per bucket: one 64-byte cache line.
-const WAYS: usize = 8;
-
-/// One cache line of entries (0: empty).
+/// A list's generation advances every `capacity / 256` pushes to it
+/// (rounded up), so an entry lives for its list's next `capacity` pushes,
+/// less up to 1/128 of them (exactly `capacity`, for lists of up to 256).
+/// Entries expire by their generation, so nothing is ever cleaned up
+/// beyond the line at hand: a push writes one entry (and clears the dead
+/// ones of its bucket), a take clears one. How many entries each
+/// generation still holds is counted, so a list's length is exact as
+/// generations expire. A push into a full bucket replaces its entry with
+/// the least life left, so a fingerprint can be forgotten early; buckets
+/// are a quarter full on average, so that is rare (it matters: losing old
+/// ghosts of the busier list starves ARC of the returns it learns from).
+/// A false match needs a 20-bit tag collision within one bucket (about 4
+/// live entries: 1 in 250,000 lookups). Memory is fixed at construction:
+/// a bucket of 16 ways per two fingerprints a list holds (rounded up to a
+/// power of two), so 16 to 32 bytes per fingerprint remembered.
 #[derive(Debug, Clone, Copy)]
 #[repr(align(64))]
-struct Bucket([u64; WAYS]);
+struct Bucket([u32; WAYS]);
 
 #[derive(Debug)]
 pub(crate) struct GhostLists {
     buckets: Vec<Bucket>,
     shift: u32,
-    capacity: u64,
-    /// Fingerprints ever pushed to each list.
+    /// Pushes to a list per generation, and generations an entry lives.
+    generation_len: u64,
+    life: u32,
+    /// Fingerprints ever pushed to each list, and the generation of its
+    /// last push.
     pushes: [u64; 2],
-    /// Per list, one bit per push of the last `capacity`: set once that
-    /// push was counted out (taken, or replaced in a full bucket), so its
-    /// expiry does not count it out again.
-    gone: [Vec<u64>; 2],
+    generations: [u64; 2],
+    /// Per list, live entries by generation (modulo `life`).
+    born: [Vec<u32>; 2],
     /// Live fingerprints per list.
     len: [usize; 2],
 }
@@ -63,18 +77,21 @@ impl GhostLists {
     /// Two lists of `capacity` fingerprints each (at most 2^30).
     pub(crate) fn new(capacity: usize) -> Result<Self> {
         let capacity = capacity.clamp(1, 1 << 30);
-        // A bucket (8 ways) per fingerprint one list holds: 4 ways per live
-        // entry of the two, buckets a quarter full on average.
-        let buckets = capacity.next_power_of_two();
+        // A bucket (16 ways) per two fingerprints one list holds: 4 ways per
+        // live entry of the two, buckets a quarter full on average.
+        let buckets = capacity.div_ceil(2).next_power_of_two();
+        // Generations of a whole number of pushes, at most `LIFE` of them
+        // within `capacity` pushes.
+        let generation_len = (capacity as u64).div_ceil(u64::from(LIFE));
+        let life = (capacity as u64 / generation_len) as u32;
         Ok(Self {
             buckets: filled(buckets, Bucket([0; WAYS]), "the ghost lists")?,
             shift: 64 - buckets.trailing_zeros(),
-            capacity: capacity as u64,
+            generation_len,
+            life,
             pushes: [0; 2],
-            gone: [
-                filled(capacity.div_ceil(64), 0, "the ghost lists")?,
-                filled(capacity.div_ceil(64), 0, "the ghost lists")?,
-            ],
+            generations: [0; 2],
+            born: [vec![0; life as usize], vec![0; life as usize]],
             len: [0; 2],
         })
     }
@@ -92,60 +109,60 @@ impl GhostLists {
             .unwrap_or(0) as usize
     }
 
-    /// The entry's tag: the fingerprint's high half, never 0.
-    fn tag(fp: u64) -> u64 {
-        (fp >> 32) | 1
+    /// The entry's tag: 20 bits of the fingerprint's high half, never 0.
+    fn tag(fp: u64) -> u32 {
+        (fp >> 32) as u32 & ((1 << TAG_BITS) - 1) | 1
     }
 
-    /// An entry's list and how many pushes to that list came after it
-    /// (`None` for an empty way).
-    fn decode(&self, entry: u64) -> Option<(usize, u64)> {
-        (entry != 0).then(|| {
-            let list = (entry >> SEQ_BITS & 1) as usize;
-            let later = self.pushes[list].wrapping_sub(entry).wrapping_sub(1);
-            (list, later & SEQ_MASK)
-        })
+    /// A live entry's list and age in generations (`None` for an empty way
+    /// or an expired entry).
+    fn live(&self, entry: u32) -> Option<(usize, u32)> {
+        let list = (entry >> GEN_BITS & 1) as usize;
+        let age = (self.generations[list] as u32).wrapping_sub(entry & GEN_MASK) & GEN_MASK;
+        (entry != 0 && age < self.life).then_some((list, age))
     }
 
-    /// Flips the `gone` bit of the push made `later` pushes before the last
-    /// one to `list`; returns whether it was set.
-    fn swap_gone(&mut self, list: usize, later: u64, gone: bool) -> bool {
-        let i = (self.pushes[list] - 1 - later) % self.capacity;
-        let (word, bit) = ((i / 64) as usize, 1u64 << (i % 64));
-        let was = self.gone[list][word] & bit != 0;
-        if gone {
-            self.gone[list][word] |= bit;
-        } else {
-            self.gone[list][word] &= !bit;
-        }
-        was
+    /// Generations to go before the entry expires (0: dead or empty).
+    fn life(&self, entry: u32) -> u32 {
+        self.live(entry).map_or(0, |(_, age)| self.life - age)
     }
 
-    /// Pushes to go before the entry expires (0: dead or empty).
-    fn life(&self, entry: u64) -> u64 {
-        self.decode(entry)
-            .map_or(0, |(_, age)| self.capacity.saturating_sub(age))
+    /// The slot of `born[list]` counting the generation `age` generations old.
+    fn born_slot(&self, list: usize, age: u32) -> usize {
+        ((self.generations[list] - u64::from(age)) % u64::from(self.life)) as usize
     }
 
     /// The way of bucket `b` holding `tag`, live or not.
-    fn way_of(&self, b: usize, tag: u64) -> Option<usize> {
-        self.buckets[b].0.iter().position(|&e| e >> 32 == tag)
+    fn way_of(&self, b: usize, tag: u32) -> Option<usize> {
+        // A mask of the matching ways, which the compiler vectorizes.
+        let matches = self.buckets[b]
+            .0
+            .iter()
+            .enumerate()
+            .fold(0u32, |m, (w, &e)| {
+                m | u32::from(e >> (GEN_BITS + 1) == tag) << w
+            });
+        (matches != 0).then(|| matches.trailing_zeros() as usize)
     }
 
     /// Clears way `way` of bucket `b`; a live entry is counted out, and its
     /// list returned.
     fn clear(&mut self, b: usize, way: usize) -> Option<usize> {
         let entry = std::mem::take(&mut self.buckets[b].0[way]);
-        let (list, later) = self
-            .decode(entry)
-            .filter(|&(_, later)| later < self.capacity)?;
-        self.swap_gone(list, later, true);
-        self.len[list] -= 1;
+        let (list, age) = self.live(entry)?;
+        // Saturating: counts stay sane even if an entry outlived eight
+        // lives unseen and passes for live (it cannot, short of a bucket
+        // unpushed for seven lives).
+        let slot = self.born_slot(list, age);
+        let born = &mut self.born[list][slot];
+        *born = born.saturating_sub(1);
+        self.len[list] = self.len[list].saturating_sub(1);
         Some(list)
     }
 
     /// Starts loading `fp`'s bucket into the cache, so that a `take` or
-    /// `push` of it soon after does not wait for memory.
+    /// `push` of it soon after does not wait for memory (a hint: the
+    /// processor may drop it).
     pub(crate) fn prefetch(&self, fp: u64) {
         let bucket: *const Bucket = &self.buckets[self.bucket(fp)];
         // SAFETY: SSE is part of every x86_64 target, and a prefetch only
@@ -158,26 +175,43 @@ impl GhostLists {
         let _ = bucket;
     }
 
+    /// Loads `fp`'s bucket now, its value dropped: a batch of these before
+    /// the lookups they serve overlaps its misses, where as many prefetch
+    /// hints were dropped (the long-prompt bench's profile: a store's lookup
+    /// missed as often with its hint given at admission as without).
+    pub(crate) fn load(&self, fp: u64) {
+        std::hint::black_box(self.buckets[self.bucket(fp)].0[0]);
+    }
+
     /// Remembers `fp` in list `list`, as its newest entry.
     pub(crate) fn push(&mut self, list: usize, fp: u64) {
+        // A new generation: the one a life before it expires.
+        if self.pushes[list] % self.generation_len == 0 {
+            self.generations[list] = self.pushes[list] / self.generation_len;
+            let slot = self.born_slot(list, 0);
+            self.len[list] -= std::mem::take(&mut self.born[list][slot]) as usize;
+        }
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
+        let mut ways = self.buckets[b].0;
+        for way in &mut ways {
+            if self.live(*way).is_none() {
+                *way = 0;
+            }
+        }
+        self.buckets[b].0 = ways;
         // A sighting of the same fingerprint, else the way with least life.
         let way = self.way_of(b, tag).unwrap_or_else(|| {
             let ways = &self.buckets[b].0;
             (0..WAYS).min_by_key(|&w| self.life(ways[w])).unwrap()
         });
         self.clear(b, way);
-        let seq = self.pushes[list] & SEQ_MASK;
-        self.buckets[b].0[way] = tag << 32 | (list as u64) << SEQ_BITS | seq;
-        self.pushes[list] += 1;
-        // The push `capacity` before this one expires now, unless it was
-        // counted out already; its bit is this push's from now on.
-        let expired = self.pushes[list] > self.capacity;
-        if !self.swap_gone(list, 0, false) && expired {
-            self.len[list] -= 1;
-        }
+        let generation = self.generations[list] as u32 & GEN_MASK;
+        self.buckets[b].0[way] = tag << (GEN_BITS + 1) | (list as u32) << GEN_BITS | generation;
+        let slot = self.born_slot(list, 0);
+        self.born[list][slot] += 1;
         self.len[list] += 1;
+        self.pushes[list] += 1;
     }
 
     /// Forgets `fp`; returns the list that remembered it.
@@ -268,5 +302,77 @@ mod tests {
             (0..n as u64).filter(|&i| g.take(fp(i)).is_some()).count(),
             0
         );
+    }
+
+    /// Live entries of `list` in the table, counted way by way.
+    fn live_entries(g: &GhostLists, list: usize) -> usize {
+        g.buckets
+            .iter()
+            .flat_map(|b| b.0)
+            .filter(|&e| g.live(e).is_some_and(|(l, _)| l == list))
+            .count()
+    }
+
+    #[test]
+    fn lengths_count_the_live_entries_as_generations_expire() {
+        // 1,000 per list: generations of 4 pushes, 250 of them.
+        let mut g = GhostLists::new(1000).unwrap();
+        let mut x = 1u64;
+        for step in 0..20_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let list = (x >> 60 & 1) as usize;
+            match x >> 61 {
+                0 | 1 => {
+                    // A recent push of either list (or one long expired).
+                    g.take(fp(step.saturating_sub(x >> 40 & 2047)));
+                }
+                _ => g.push(list, fp(step)),
+            }
+            if step % 97 == 0 {
+                for list in 0..2 {
+                    assert_eq!(g.len(list), live_entries(&g, list), "step {step}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_entry_lives_for_about_its_lists_next_capacity_pushes() {
+        // Generations of 4 pushes: 250 of them in 1,000 pushes, 255 in 1,023
+        // (an entry lives for 1,020 of the next 1,023).
+        for (capacity, later, alive) in [
+            (1000, 999, true),
+            (1000, 1000, false),
+            (1023, 1019, true),
+            (1023, 1020, false),
+        ] {
+            let mut g = GhostLists::new(capacity).unwrap();
+            g.push(0, fp(0));
+            for i in 1..=later {
+                g.push(0, fp(i));
+                g.push(1, fp(1 << 20 | i)); // the other list does not age it
+            }
+            assert_eq!(g.take(fp(0)).is_some(), alive, "{later} pushes later");
+        }
+    }
+
+    #[test]
+    fn a_push_clears_its_buckets_dead_entries_before_they_pass_for_live() {
+        // 64 per list: a generation a push, wrapping after 2,048.
+        let mut g = GhostLists::new(64).unwrap();
+        let b = g.bucket(fp(0));
+        let (same, others): (Vec<u64>, Vec<u64>) =
+            (0..4000).map(fp).partition(|&f| g.bucket(f) == b);
+        g.push(0, same[0]);
+        g.push(0, same[1]); // way 1, after way 0 is emptied
+        g.take(same[0]);
+        for &f in &others[..64] {
+            g.push(0, f); // same[1] expires
+        }
+        g.push(0, same[2]); // into way 0, clearing same[1]
+        for &f in &others[64..2050] {
+            g.push(0, f); // same[1]'s generation comes round again
+        }
+        assert_eq!(g.take(same[1]), None);
     }
 }

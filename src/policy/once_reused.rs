@@ -90,18 +90,17 @@
 //!
 //! Costs: O(1) per call; a ghost lookup or push touches one cache line;
 //! every 128 witness returns the 240-bucket age table is rebuilt.
-//! Memory per block of the cache: its links in the six lists, which share
-//! one array (a block is in one list at a time; 8), a release stamp (8), a
-//! fingerprint (8) and four flags (4): 28 bytes; and the ghost table, 64
-//! bytes per ghost a list holds rounded up to a power of two (each list
-//! holds 2 x num_blocks): 128 to 256 bytes; 156 bytes per block for a
-//! 16,383-block cache, against the 2.5 MiB a block of DeepSeek-V3 KV takes
-//! in fp8.
+//! Memory per block of the cache: one entry of 32 bytes, its links in the
+//! six lists (which share one array: a block is in one list at a time) and
+//! its state beside them (release stamp, fingerprint, classes), so moving a
+//! block touches one line; and the ghost table, 32 bytes per ghost a list
+//! holds rounded up to a power of two (each list holds 2 x num_blocks): 64
+//! to 128 bytes; 96 bytes per block for a 16,383-block cache, against the
+//! 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
 use super::return_ages::{Learning, ReturnAges, AGE_BUCKETS};
 use super::{EvictionPolicy, Retention};
-use crate::alloc::filled;
 use crate::error::Result;
 use crate::hash::BlockHash;
 use crate::id_list::IdLists;
@@ -164,18 +163,41 @@ const WITNESS_RETURNS: Learning = Learning {
     percentile: 99,
 };
 
+/// What the policy knows of a block, kept next to its links (a move from
+/// list to list reads both).
+#[derive(Debug, Clone, Copy)]
+struct BlockState {
+    /// When it was last released (a count of releases).
+    released_at: u64,
+    fingerprint: u64,
+    class: Class,
+    /// Residency's view: kept, or on probation.
+    kept: bool,
+    /// Its returns are measured (it is never evicted as stale), by fingerprint.
+    witness: bool,
+    /// Taken out of the lists by `remove` since its last release: the next
+    /// `on_hit` is a return, of its age.
+    revived: bool,
+}
+
+impl BlockState {
+    const UNCACHED: BlockState = BlockState {
+        released_at: 0,
+        fingerprint: 0,
+        class: Class::Uncached,
+        kept: false,
+        witness: false,
+        revived: false,
+    };
+}
+
 /// ARC over the evictable set, or residency over the same blocks (see the
 /// module docs).
 #[derive(Debug)]
 pub(crate) struct OnceReused {
-    lists: IdLists<LISTS>,
-    class: Vec<Class>,
-    /// Residency's view of each cached block: kept, or on probation.
-    kept: Vec<bool>,
-    /// When each evictable block was released (a count of releases).
-    released_at: Vec<u64>,
+    /// The six lists, and each block's state next to its links.
+    lists: IdLists<LISTS, BlockState>,
     releases: u64,
-    fingerprint: Vec<u64>,
     /// Cached blocks (evictable or in use) ARC sees once.
     cached_once: usize,
     /// List 0: evicted while seen once; list 1: evicted while reused.
@@ -189,11 +211,6 @@ pub(crate) struct OnceReused {
     cold_requests: u64,
     /// Under residency, list 0 empties before list 2 is evicted from.
     spare_reused: bool,
-    /// Blocks whose returns are measured (never stale-first), by fingerprint.
-    witness: Vec<bool>,
-    /// Taken out of the lists by `remove` since their last release: the
-    /// next `on_hit` is a return, of this age.
-    revived: Vec<bool>,
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
@@ -202,12 +219,8 @@ pub(crate) struct OnceReused {
 impl OnceReused {
     pub(crate) fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
         Ok(Self {
-            lists: IdLists::new(num_blocks)?,
-            class: filled(num_blocks, Class::Uncached, "the policy's classes")?,
-            kept: filled(num_blocks, false, "the policy's classes")?,
-            released_at: filled(num_blocks, 0, "the policy's release stamps")?,
+            lists: IdLists::with_records(num_blocks, BlockState::UNCACHED)?,
             releases: 0,
-            fingerprint: filled(num_blocks, 0, "the policy's fingerprints")?,
             cached_once: 0,
             ghosts: GhostLists::new(GHOSTS_PER_BLOCK.saturating_mul(num_blocks))?,
             target: 0,
@@ -215,8 +228,6 @@ impl OnceReused {
             rule,
             cold_requests: 0,
             spare_reused: false,
-            witness: filled(num_blocks, false, "the policy's classes")?,
-            revived: filled(num_blocks, false, "the policy's classes")?,
             returns: ReturnAges::new(WITNESS_RETURNS),
         })
     }
@@ -237,9 +248,9 @@ impl OnceReused {
 
     /// The list `block` belongs in, by its classes.
     fn list_of(&self, block: BlockId) -> usize {
-        let i = block as usize;
-        let reused = usize::from(self.class[i] == Class::Reused);
-        match (self.kept[i], self.witness[i]) {
+        let state = self.lists.record(block);
+        let reused = usize::from(state.class == Class::Reused);
+        match (state.kept, state.witness) {
             (true, true) => WITNESSES + reused,
             (kept, _) => reused * ARC_REUSED + usize::from(kept) * KEPT,
         }
@@ -256,7 +267,7 @@ impl OnceReused {
     }
 
     fn set_class(&mut self, block: BlockId, class: Class) {
-        let slot = &mut self.class[block as usize];
+        let slot = &mut self.lists.record_mut(block).class;
         if *slot == Class::Once {
             self.cached_once -= 1;
         }
@@ -268,7 +279,7 @@ impl OnceReused {
 
     /// Releases since `block`'s own (`u32::MAX` at most).
     fn age(&self, block: BlockId) -> u32 {
-        let age = self.releases - self.released_at[block as usize];
+        let age = self.releases - self.lists.record(block).released_at;
         u32::try_from(age).unwrap_or(u32::MAX)
     }
 
@@ -279,7 +290,7 @@ impl OnceReused {
             .filter_map(|&l| {
                 self.lists
                     .front(l)
-                    .map(|b| (self.released_at[b as usize], l))
+                    .map(|b| (self.lists.record(b).released_at, l))
             })
             .min()
             .map(|(_, l)| l)
@@ -322,10 +333,10 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
-        // The blocks past the hit are about to be stored: fetch their ghost
+        // The blocks past the hit are about to be stored: load their ghost
         // buckets all at once rather than one miss at a time.
         for &h in &hashes[hit.min(hashes.len())..] {
-            self.ghosts.prefetch(fingerprint(h));
+            self.ghosts.load(fingerprint(h));
         }
         // Counted under every rule, so a switch finds the count going. A
         // prompt without a full block has nothing to be judged by: warm.
@@ -347,9 +358,9 @@ impl EvictionPolicy for OnceReused {
         retention: Retention,
         _parent: Option<BlockId>,
     ) {
-        debug_assert_eq!(self.class[block as usize], Class::Uncached);
+        debug_assert_eq!(self.lists.record(block).class, Class::Uncached);
         let fp = fingerprint(hash);
-        self.fingerprint[block as usize] = fp;
+        self.lists.record_mut(block).fingerprint = fp;
         let (b1, b2) = (self.ghosts.len(ONCE), self.ghosts.len(REUSED));
         let returned = match self.ghosts.take(fp) {
             Some(ONCE) => {
@@ -365,19 +376,19 @@ impl EvictionPolicy for OnceReused {
             None => false,
         };
         self.set_class(block, if returned { Class::Reused } else { Class::Once });
-        self.kept[block as usize] = retention == Retention::Keep;
-        self.witness[block as usize] = (fp >> 40) % WITNESS_RATE == 0;
+        self.lists.record_mut(block).kept = retention == Retention::Keep;
+        self.lists.record_mut(block).witness = (fp >> 40) % WITNESS_RATE == 0;
     }
 
     fn insert(&mut self, block: BlockId) {
         assert_ne!(
-            self.class[block as usize],
+            self.lists.record(block).class,
             Class::Uncached,
             "block {block} was released but never stored"
         );
-        self.released_at[block as usize] = self.releases;
+        self.lists.record_mut(block).released_at = self.releases;
         self.releases += 1;
-        self.revived[block as usize] = false;
+        self.lists.record_mut(block).revived = false;
         let list = self.list_of(block);
         self.lists.push_back(list, block);
     }
@@ -387,13 +398,13 @@ impl EvictionPolicy for OnceReused {
         self.lists.remove(list, block);
         // A return if a hit follows (the prefix cache also takes blocks out
         // to lock or pin them).
-        self.revived[block as usize] = true;
+        self.lists.record_mut(block).revived = true;
     }
 
     fn evict(&mut self) -> Option<BlockId> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
-        let fp = self.fingerprint[block as usize];
+        let fp = self.lists.record(block).fingerprint;
         let ghost = if REUSED_LISTS.contains(&list) {
             REUSED
         } else {
@@ -409,20 +420,20 @@ impl EvictionPolicy for OnceReused {
                 .into_iter()
                 .chain(front.and_then(|b| self.lists.after(b)))
             {
-                self.ghosts.prefetch(self.fingerprint[b as usize]);
+                self.ghosts.prefetch(self.lists.record(b).fingerprint);
             }
         }
         Some(block)
     }
 
     fn on_hit(&mut self, block: BlockId) {
-        debug_assert_ne!(self.class[block as usize], Class::Uncached);
+        debug_assert_ne!(self.lists.record(block).class, Class::Uncached);
         // The prefix cache takes a path out of the order before counting its
         // hits; a caller that does not finds the block at the back of the
         // list its new classes name, released now, so every list stays in
         // release order.
         let before = self.list_of(block);
-        let revived = std::mem::take(&mut self.revived[block as usize]);
+        let revived = std::mem::take(&mut self.lists.record_mut(block).revived);
         if revived && before >= WITNESSES && self.rule == Rule::Residency {
             self.returns.record(self.age(block));
         }
@@ -431,7 +442,7 @@ impl EvictionPolicy for OnceReused {
             self.lists.remove(before, block);
         }
         self.set_class(block, Class::Reused);
-        self.kept[block as usize] = true;
+        self.lists.record_mut(block).kept = true;
         if listed {
             self.insert(block);
         }
@@ -441,7 +452,7 @@ impl EvictionPolicy for OnceReused {
         // Dropped, not evicted: no ghost, so its return moves no target.
         debug_assert!(!self.is_evictable(block));
         self.set_class(block, Class::Uncached);
-        self.revived[block as usize] = false;
+        self.lists.record_mut(block).revived = false;
     }
 
     fn len(&self) -> usize {
@@ -510,7 +521,7 @@ mod tests {
         assert_eq!(p.target, 0);
         store_free(&mut p, 0, 10); // and comes back: reused, target 1
         assert_eq!(p.target, 1);
-        assert_eq!(p.class[0], Class::Reused);
+        assert_eq!(p.lists.record(0).class, Class::Reused);
         // One seen-once block (1) is within the target now: the reused one goes first.
         assert_eq!(p.evict(), Some(0));
         assert_eq!(p.evict(), Some(1));
@@ -542,7 +553,7 @@ mod tests {
         store_free(&mut p, 0, 10);
         store_free(&mut p, 1, 11);
         assert_eq!(
-            (p.target, p.class[0], p.class[1]),
+            (p.target, p.lists.record(0).class, p.lists.record(1).class),
             (0, Class::Once, Class::Once)
         );
         assert_eq!(p.evict(), Some(0));
@@ -596,10 +607,13 @@ mod tests {
                                         // ARC sees its return as reuse; a cold session coming back after the
                                         // cache turned over stays on probation under residency.
         p.on_store(0, h(10), Retention::Probation, None);
-        assert_eq!((p.class[0], p.kept[0]), (Class::Reused, false));
+        assert_eq!(
+            (p.lists.record(0).class, p.lists.record(0).kept),
+            (Class::Reused, false)
+        );
         assert_eq!(p.target, 1, "the target is still learned");
         p.on_hit(0);
-        assert!(p.kept[0]);
+        assert!(p.lists.record(0).kept);
     }
 
     #[test]
@@ -607,9 +621,12 @@ mod tests {
         let mut p = OnceReused::new(4, Rule::Arc).unwrap();
         p.on_store(0, h(10), Retention::Keep, None);
         p.on_store(1, h(11), Retention::Probation, None);
-        assert_eq!((p.class[0], p.class[1]), (Class::Once, Class::Once));
         assert_eq!(
-            (p.kept[0], p.kept[1]),
+            (p.lists.record(0).class, p.lists.record(1).class),
+            (Class::Once, Class::Once)
+        );
+        assert_eq!(
+            (p.lists.record(0).kept, p.lists.record(1).kept),
             (true, false),
             "residency's view is kept too"
         );
@@ -662,7 +679,10 @@ mod tests {
             for b in [0, 1, 2] {
                 p.insert(b);
             }
-            assert_eq!((p.class[0], p.kept[0]), (Class::Reused, false));
+            assert_eq!(
+                (p.lists.record(0).class, p.lists.record(0).kept),
+                (Class::Reused, false)
+            );
             p
         };
         let order = |mut p: OnceReused| std::iter::from_fn(move || p.evict()).collect::<Vec<_>>();
@@ -780,11 +800,11 @@ mod tests {
                         let b = match free.pop() {
                             Some(b) => b,
                             None => {
-                                let once = |b: &&BlockId| p.class[**b as usize] == Class::Once;
-                                let probation = |b: &&BlockId| !p.kept[**b as usize];
+                                let once = |b: &&BlockId| p.lists.record(**b).class == Class::Once;
+                                let probation = |b: &&BlockId| !p.lists.record(**b).kept;
                                 let stale = released
                                     .iter()
-                                    .find(|&&b| p.kept[b as usize] && !p.witness[b as usize])
+                                    .find(|&&b| p.lists.record(b).kept && !p.lists.record(b).witness)
                                     .filter(|&&b| releases - released_at[b as usize] > u64::from(p.returns.horizon()));
                                 let expected = match p.rule() {
                                     Rule::Residency if stale.is_some() => stale,
@@ -818,8 +838,8 @@ mod tests {
                             Retention::Probation
                         };
                         p.on_store(b, hash, retention, None);
-                        prop_assert_eq!(p.kept[b as usize], retention == Retention::Keep);
-                        prop_assert_eq!(p.witness[b as usize], hash.0 >> 41 == 0);
+                        prop_assert_eq!(p.lists.record(b).kept, retention == Retention::Keep);
+                        prop_assert_eq!(p.lists.record(b).witness, hash.0 >> 41 == 0);
                         held.push(b);
                     }
                     1 if !held.is_empty() => {
@@ -833,7 +853,7 @@ mod tests {
                         let b = released.remove(pick % released.len());
                         p.remove(b);
                         p.on_hit(b);
-                        prop_assert!(p.kept[b as usize] && p.class[b as usize] == Class::Reused);
+                        prop_assert!(p.lists.record(b).kept && p.lists.record(b).class == Class::Reused);
                         held.push(b);
                     }
                     3 if released.len() + held.len() > 0 => {
@@ -852,7 +872,7 @@ mod tests {
                     4 => p.set_rule(RULES[pick % 2]),
                     _ => {}
                 }
-                let count = |c: Class| p.class.iter().filter(|&&x| x == c).count();
+                let count = |c: Class| (0..N as BlockId).filter(|&b| p.lists.record(b).class == c).count();
                 prop_assert_eq!(p.cached_once, count(Class::Once));
                 prop_assert!(p.target <= N);
                 prop_assert_eq!(p.len(), released.len());
