@@ -87,8 +87,8 @@ fn mooncake() -> Vec<TraceRequest> {
 
 /// Checks the targets on `requests` at each size; `best_rule` is the rule
 /// expected to win there, so the workload is known to separate the rules.
-fn adaptive_follows_the_better_rule(requests: &[TraceRequest], sizes: [usize; 2], best_rule: &str) {
-    for num_blocks in sizes {
+fn adaptive_follows_the_better_rule(requests: &[TraceRequest], sizes: &[usize], best_rule: &str) {
+    for &num_blocks in sizes {
         let Rates {
             lru,
             arc,
@@ -118,7 +118,7 @@ fn adaptive_follows_the_better_rule(requests: &[TraceRequest], sizes: [usize; 2]
 #[test]
 fn adaptive_follows_residency_on_multiturn_at_two_sizes() {
     let trace = ChatConfig::multiturn().generate(0);
-    adaptive_follows_the_better_rule(&trace.requests, [8192, 16_384], "residency");
+    adaptive_follows_the_better_rule(&trace.requests, &[8192, 16_384], "residency");
 }
 
 /// Where the cache holds most of what comes back, residency wins by
@@ -128,23 +128,23 @@ fn adaptive_follows_residency_on_multiturn_at_two_sizes() {
 #[test]
 fn adaptive_follows_residency_on_multiturn_when_most_of_it_fits() {
     let trace = ChatConfig::multiturn().generate(0);
-    adaptive_follows_the_better_rule(&trace.requests, [65_536, 131_072], "residency");
+    adaptive_follows_the_better_rule(&trace.requests, &[65_536, 131_072], "residency");
 }
 
 #[test]
 fn adaptive_follows_arc_on_the_mooncake_trace_at_two_sizes() {
-    adaptive_follows_the_better_rule(&mooncake(), [16_384, 32_768], "arc");
+    adaptive_follows_the_better_rule(&mooncake(), &[16_384, 32_768], "arc");
 }
 
-/// On the Mooncake trace at 8,192 blocks the 2% targets are not met over
-/// ten hash seeds (docs/eviction.md), but no seed falls below `lru`: a spell
-/// under residency spares ARC's reused blocks. Without that, hash seed 2
-/// ends at 8.55% against `lru`'s 8.58%.
+/// On the Mooncake trace at 8,192 blocks the residency shadow leads for
+/// spells early in the trace, while the later requests come back to what
+/// ARC keeps: a spell under residency after one under ARC keeps ARC's
+/// classes, and a switch needs a lead beyond the scores' noise. Without
+/// the first, hash seeds 0 to 3 reach 8.50% to 9.03% (below `lru`'s
+/// 8.58%); without the second, 8.80% to 9.01% (a spread of 2.3%). At
+/// 11,585 blocks the spread over seeds 0 to 3 is 2.6%, the one target
+/// missed there (docs/eviction.md).
 #[test]
-fn adaptive_stays_above_lru_on_the_mooncake_trace_at_8192_blocks() {
-    let Rates { lru, adaptive, .. } = rates_of_runs(&mooncake(), 8192);
-    assert!(
-        adaptive.iter().all(|&r| r >= lru),
-        "lru {lru:.4}, adaptive on hash seeds 0 to 3 {adaptive:.4?}"
-    );
+fn adaptive_follows_arc_on_the_mooncake_trace_at_8192_blocks() {
+    adaptive_follows_the_better_rule(&mooncake(), &[8192], "arc");
 }

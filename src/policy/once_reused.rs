@@ -77,13 +77,16 @@
 //! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
 //! classification up to date: nothing to rebuild.
 //!
-//! One variant, for the real cache of [`super::Adaptive`]
-//! ([`OnceReused::spare_reused_on_probation`]): under residency, probation
-//! gives up the blocks ARC sees once (list 0) before those it sees reused
-//! (list 2), instead of the older front of the two. Residency's own choice,
-//! probation before kept, is unchanged; within probation it keeps what ARC
-//! would keep longest, so a spell under residency on traffic that ARC
-//! serves better costs fewer of the blocks that come back much later.
+//! One variant, for the real cache of [`super::Adaptive`] after a spell
+//! under ARC ([`OnceReused::set_once_before_reused`]): under residency, after the stale
+//! blocks, the blocks ARC sees once go before those it sees reused, and
+//! within each class probation before kept: lists 0, 1 + 4, 2, 3 + 5.
+//! Residency's own order is probation (0, 2) before kept (1, 3, 4, 5).
+//! The variant keeps residency's split where both rules agree a block is
+//! worth little (seen once) and ARC's split otherwise, so a spell under
+//! residency on traffic that ARC serves better costs few of the reused
+//! blocks ARC would keep for the long run, while a resident conversation's
+//! new blocks (kept, seen once) still outlive the cold ones'.
 //!
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
@@ -209,8 +212,8 @@ pub(crate) struct OnceReused {
     rule: Rule,
     /// Requests admitted with less than half their prompt cached.
     cold_requests: u64,
-    /// Under residency, list 0 empties before list 2 is evicted from.
-    spare_reused: bool,
+    /// Under residency, ARC's once lists empty before its reused ones.
+    once_first: bool,
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
@@ -227,21 +230,26 @@ impl OnceReused {
             capacity: num_blocks,
             rule,
             cold_requests: 0,
-            spare_reused: false,
+            once_first: false,
             returns: ReturnAges::new(WITNESS_RETURNS),
         })
     }
 
-    /// The variant of the module docs: under residency, probation blocks
-    /// that ARC sees once go before those it sees reused, whatever their
-    /// release order. ARC's order is unchanged.
-    pub(crate) fn spare_reused_on_probation(mut self) -> Self {
-        self.spare_reused = true;
-        self
+    /// Whether residency follows the variant of the module docs: the
+    /// blocks ARC sees once before those it sees reused, probation before
+    /// kept within each (stale blocks first of all). ARC's order is the
+    /// same either way.
+    pub(crate) fn set_once_before_reused(&mut self, on: bool) {
+        self.once_first = on;
+    }
+
+    /// Whether residency follows the variant ([`Self::set_once_before_reused`]).
+    #[cfg(test)]
+    pub(crate) fn once_before_reused(&self) -> bool {
+        self.once_first
     }
 
     /// The rule in force.
-    #[cfg(test)]
     pub(crate) fn rule(&self) -> Rule {
         self.rule
     }
@@ -301,17 +309,22 @@ impl OnceReused {
         let (reused, reused_kept) = (ARC_REUSED, ARC_REUSED + KEPT);
         match self.rule {
             Rule::Residency => {
-                let probation = if self.spare_reused {
-                    [0, reused].into_iter().find(|&l| !self.lists.is_empty(l))
-                } else {
-                    self.oldest(&[0, reused])
-                };
                 let kept = self.oldest(&[KEPT, reused_kept]);
                 let stale = kept.filter(|&k| {
                     let front = self.lists.front(k).expect("nonempty");
                     self.age(front) > self.returns.horizon()
                 });
-                stale.or(probation).or_else(|| self.oldest(&KEPT_LISTS))
+                let nonempty = |l: usize| (!self.lists.is_empty(l)).then_some(l);
+                if self.once_first {
+                    return stale
+                        .or_else(|| nonempty(0))
+                        .or_else(|| self.oldest(&[KEPT, WITNESSES]))
+                        .or_else(|| nonempty(reused))
+                        .or_else(|| self.oldest(&[reused_kept, WITNESSES + 1]));
+                }
+                stale
+                    .or_else(|| self.oldest(&[0, reused]))
+                    .or_else(|| self.oldest(&KEPT_LISTS))
             }
             Rule::Arc => {
                 let once = self.oldest(&ONCE_LISTS);
@@ -660,41 +673,48 @@ mod tests {
     }
 
     #[test]
-    fn sparing_reused_blocks_empties_seen_once_probation_first() {
+    fn once_before_reused_orders_arcs_classes_then_residencys() {
         // Released in this order: 0 reused on probation (it came back from
-        // the once ghosts), 1 once on probation, 2 once and kept.
-        let build = |spare: bool| {
-            let p = OnceReused::new(8, Rule::Residency).unwrap();
-            let mut p = if spare {
-                p.spare_reused_on_probation()
-            } else {
-                p
-            };
+        // the once ghosts), 1 once on probation, 2 once and kept, 3 reused
+        // and kept (hit).
+        let build = |once_first: bool| {
+            let mut p = OnceReused::new(8, Rule::Residency).unwrap();
+            p.set_once_before_reused(once_first);
             p.on_store(0, h(10), Retention::Probation, None);
             p.insert(0);
             assert_eq!(p.evict(), Some(0));
             p.on_store(0, h(10), Retention::Probation, None);
             p.on_store(1, h(11), Retention::Probation, None);
             p.on_store(2, h(12), Retention::Keep, None);
-            for b in [0, 1, 2] {
+            p.on_store(3, h(13), Retention::Probation, None);
+            p.on_hit(3);
+            for b in [0, 1, 2, 3] {
                 p.insert(b);
             }
             assert_eq!(
                 (p.lists.record(0).class, p.lists.record(0).kept),
                 (Class::Reused, false)
             );
+            assert_eq!(
+                (p.lists.record(3).class, p.lists.record(3).kept),
+                (Class::Reused, true)
+            );
             p
         };
         let order = |mut p: OnceReused| std::iter::from_fn(move || p.evict()).collect::<Vec<_>>();
         assert_eq!(
             order(build(false)),
-            [0, 1, 2],
-            "residency: probation in release order"
+            [0, 1, 2, 3],
+            "residency: probation, then kept, each in release order"
         );
-        assert_eq!(order(build(true)), [1, 0, 2], "seen once first, kept last");
+        assert_eq!(
+            order(build(true)),
+            [1, 2, 0, 3],
+            "seen once (probation, then kept), then reused (the same)"
+        );
         // ARC's order is the same either way.
-        let arc = |spare: bool| {
-            let mut p = build(spare);
+        let arc = |once_first: bool| {
+            let mut p = build(once_first);
             p.set_rule(Rule::Arc);
             order(p)
         };
@@ -767,8 +787,8 @@ mod tests {
 
     proptest! {
         /// The rules hold after any sequence of stores, releases, hits,
-        /// drops, evictions and switches of rule, with reused probation
-        /// blocks spared or not and a learned horizon or none: the class
+        /// drops, evictions and switches of rule, with ARC's once lists
+        /// first under residency or not and a learned horizon or none: the class
         /// counts match the blocks, the target stays in range, and each
         /// victim is the block released first among those its rule puts
         /// first (under residency a kept block past the horizon, not a
@@ -777,13 +797,13 @@ mod tests {
         fn the_rules_hold_on_random_sequences(
             ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
             first in 0..2usize,
-            spare in any::<bool>(),
+            once_first in any::<bool>(),
             learned_age in prop::option::of(0..24u32),
         ) {
             const N: usize = 6;
             const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
-            let p = OnceReused::new(N, RULES[first]).unwrap();
-            let mut p = if spare { p.spare_reused_on_probation() } else { p };
+            let mut p = OnceReused::new(N, RULES[first]).unwrap();
+            p.set_once_before_reused(once_first);
             for age in learned_age.into_iter().cycle().take(WITNESS_RETURNS.relearn_period as usize) {
                 p.returns.record(age);
             }
@@ -808,9 +828,10 @@ mod tests {
                                     .filter(|&&b| releases - released_at[b as usize] > u64::from(p.returns.horizon()));
                                 let expected = match p.rule() {
                                     Rule::Residency if stale.is_some() => stale,
-                                    Rule::Residency if spare => released
+                                    Rule::Residency if once_first => released
                                         .iter()
                                         .find(|b| probation(b) && once(b))
+                                        .or_else(|| released.iter().find(once))
                                         .or_else(|| released.iter().find(probation))
                                         .or(released.first()),
                                     Rule::Residency => released.iter().find(probation).or(released.first()),
