@@ -14,18 +14,23 @@
 //! Both rules classify every block all the time (see [`OnceReused`]): a
 //! switch changes only which of the lists gives the next victim, and finds
 //! the new rule's classes up to date, so following a narrow lead that turns
-//! out wrong costs only the victims chosen meanwhile. A spell under
-//! residency that follows one under ARC (since the scores last halved, or
-//! in the period before) gives up ARC's seen-once blocks before its reused
-//! ones, probation before kept within each
-//! ([`OnceReused::set_once_before_reused`]; the residency shadow runs the
-//! rule as it is), so its victims are mostly the ones ARC would have given
-//! up too: residency can lead on the recent past (the Mooncake trace's
-//! first thousand requests at 8,192 blocks) while ARC's reused blocks are
-//! what its later requests come back to. Residency that ARC has not
-//! challenged runs as it is: on looping traffic it rules throughout, and
-//! ARC's classes there would cost it its residents (multiturn at 32,768 to
-//! 65,536 blocks: 3% to 4% fewer hits).
+//! out wrong costs only the victims chosen meanwhile.
+//!
+//! Under residency the real cache keeps what ARC would keep longest where
+//! residency is indifferent ([`ResidencyOrder`]; the residency shadow runs
+//! the rule as it is): its probation gives up ARC's seen-once blocks before
+//! ARC's reused ones (`SpareReused`). A spell under residency that follows
+//! one under ARC (since the scores last halved, or in the period before)
+//! while residency's lead is under four standard deviations goes further:
+//! ARC's seen-once blocks, kept or not, go before its reused ones
+//! (`OnceFirst`). Residency can lead on the recent past (the Mooncake
+//! trace's first thousand requests at 8,192 blocks) while ARC's reused
+//! blocks are what its later requests come back to; such a spell then
+//! costs few of them. Residency that ARC has not challenged, or that leads
+//! clearly, keeps its residents' blocks whatever ARC thinks of them: on
+//! looping traffic it rules throughout, and ARC's classes there cost it
+//! its residents (multiturn at 32,768 to 65,536 blocks: 3% to 4% fewer
+//! hits with `OnceFirst` throughout).
 //!
 //! The lead needed to switch is one standard deviation of the difference
 //! of the two scores (as counts, sqrt(a + b)): two rules that hit about as
@@ -60,7 +65,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::once_reused::{OnceReused, Rule};
+use super::once_reused::{OnceReused, ResidencyOrder, Rule};
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -73,6 +78,8 @@ const SHADOW_BLOCKS: usize = 4096;
 const MIN_RATE: usize = 16;
 /// Scores halve after this many sampled accesses per shadow block.
 const DECAY_PER_BLOCK: u64 = 64;
+/// A lead of this many standard deviations is clear (see the module docs).
+const CLEAR_LEAD: u64 = 4;
 
 /// A shadow's key for a block hash: its low 64 bits (sampling looks at the
 /// high ones).
@@ -175,7 +182,11 @@ impl Adaptive {
             .next_power_of_two();
         let shadow_blocks = (num_blocks / rate).max(1);
         Ok(Self {
-            real: OnceReused::new(num_blocks, Rule::Residency)?,
+            real: {
+                let mut real = OnceReused::new(num_blocks, Rule::Residency)?;
+                real.set_residency_order(ResidencyOrder::SpareReused);
+                real
+            },
             shadows: [
                 Shadow::new(shadow_blocks, Rule::Arc)?,
                 Shadow::new(shadow_blocks, Rule::Residency)?,
@@ -223,11 +234,19 @@ impl EvictionPolicy for Adaptive {
             } else {
                 (Rule::Residency, residency - arc)
             };
-            if lead.saturating_mul(lead) > arc + residency {
+            // Leads in standard deviations, squared: lead^2 / (a + b).
+            let lead_squared = lead.saturating_mul(lead);
+            if lead_squared > arc + residency {
                 self.real.set_rule(leader);
             }
             self.arc_recent |= self.real.rule() == Rule::Arc;
-            self.real.set_once_before_reused(self.arc_recent);
+            let clear = lead_squared > (arc + residency).saturating_mul(CLEAR_LEAD * CLEAR_LEAD);
+            let spell_after_arc = self.arc_recent && !(leader == Rule::Residency && clear);
+            self.real.set_residency_order(if spell_after_arc {
+                ResidencyOrder::OnceFirst
+            } else {
+                ResidencyOrder::SpareReused
+            });
         }
         self.real.on_request(hashes, hit)
     }
@@ -383,27 +402,43 @@ mod tests {
     }
 
     #[test]
-    fn residency_keeps_arcs_classes_only_after_a_spell_under_arc() {
+    fn residency_keeps_arcs_classes_in_a_spell_after_arc_until_it_leads_clearly() {
         let mut p = Adaptive::new(1024).unwrap();
         let sampled = (0..)
             .map(|i| hash(7, i))
             .find(|h| (h.0 >> 64) as u64 & p.sample_mask == 0)
             .unwrap();
+        let order = |p: &Adaptive| (p.rule(), p.real.residency_order());
         p.on_request(&[sampled], 0);
-        assert_eq!(p.rule(), Rule::Residency);
-        assert!(!p.real.once_before_reused(), "residency unchallenged");
+        assert_eq!(
+            order(&p),
+            (Rule::Residency, ResidencyOrder::SpareReused),
+            "unchallenged"
+        );
         p.shadows[0].score = 10; // 11 against 1 once served
         p.on_request(&[sampled], 1);
         assert_eq!(p.rule(), Rule::Arc);
-        p.shadows[1].score = 30; // 31 against 12
+        p.shadows[1].score = 30; // 31 against 12: 19 x 19 > 43, not > 16 x 43
         p.on_request(&[sampled], 1);
-        assert_eq!(p.rule(), Rule::Residency);
-        assert!(p.real.once_before_reused(), "a spell after ARC's");
+        assert_eq!(
+            order(&p),
+            (Rule::Residency, ResidencyOrder::OnceFirst),
+            "a spell after ARC's"
+        );
+        p.shadows[1].score = 100; // 101 against 13: 88 x 88 > 16 x 114
+        p.on_request(&[sampled], 1);
+        assert_eq!(
+            order(&p),
+            (Rule::Residency, ResidencyOrder::SpareReused),
+            "a clear lead"
+        );
+        p.shadows[1].score = 30; // 31 against 14
+        p.on_request(&[sampled], 1);
+        assert_eq!(order(&p), (Rule::Residency, ResidencyOrder::OnceFirst));
         // The scores halve under residency: ARC's spell is forgotten.
         p.accesses = p.decay_after - 1;
         p.on_request(&[sampled], 1);
-        assert_eq!(p.rule(), Rule::Residency);
-        assert!(!p.real.once_before_reused());
+        assert_eq!(order(&p), (Rule::Residency, ResidencyOrder::SpareReused));
     }
 
     #[test]

@@ -77,16 +77,23 @@
 //! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
 //! classification up to date: nothing to rebuild.
 //!
-//! One variant, for the real cache of [`super::Adaptive`] after a spell
-//! under ARC ([`OnceReused::set_once_before_reused`]): under residency, after the stale
-//! blocks, the blocks ARC sees once go before those it sees reused, and
-//! within each class probation before kept: lists 0, 1 + 4, 2, 3 + 5.
-//! Residency's own order is probation (0, 2) before kept (1, 3, 4, 5).
-//! The variant keeps residency's split where both rules agree a block is
-//! worth little (seen once) and ARC's split otherwise, so a spell under
-//! residency on traffic that ARC serves better costs few of the reused
-//! blocks ARC would keep for the long run, while a resident conversation's
-//! new blocks (kept, seen once) still outlive the cold ones'.
+//! Two variants of residency's order after the stale blocks, for the real
+//! cache of [`super::Adaptive`] ([`OnceReused::set_residency_order`]; see
+//! [`ResidencyOrder`]): residency's own order is probation (lists 0 and 2,
+//! oldest first) before kept (1, 3, 4, 5);
+//!
+//! ```text
+//!   Plain         [0 + 2]  [1 + 3 + 4 + 5]        the rule as it is
+//!   SpareReused   [0]  [2]  [1 + 3 + 4 + 5]       probation keeps ARC's reused blocks longest
+//!   OnceFirst     [0]  [1 + 4]  [2]  [3 + 5]      ARC's classes first, residency's within each
+//! ```
+//!
+//! Both keep what ARC would keep longest where residency's own choice is
+//! indifferent: `SpareReused` within probation, `OnceFirst` also across
+//! it, so that a spell under residency on traffic that ARC serves better
+//! costs few of the reused blocks ARC keeps for the long run, while a
+//! resident conversation's new blocks (kept, seen once) still outlive the
+//! cold ones' seen once.
 //!
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
@@ -141,6 +148,19 @@ pub(crate) enum Rule {
     Arc,
     /// Probation before kept.
     Residency,
+}
+
+/// How residency orders its victims after the stale ones (see the module
+/// docs for the lists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResidencyOrder {
+    /// Probation, then kept, each oldest first: the rule as it is.
+    Plain,
+    /// Probation ARC sees once, probation ARC sees reused, then kept.
+    SpareReused,
+    /// Blocks ARC sees once (probation, then kept), then those it sees
+    /// reused (the same).
+    OnceFirst,
 }
 
 /// The lists: ARC's class (once 0, reused 2) plus residency's (probation 0,
@@ -212,8 +232,8 @@ pub(crate) struct OnceReused {
     rule: Rule,
     /// Requests admitted with less than half their prompt cached.
     cold_requests: u64,
-    /// Under residency, ARC's once lists empty before its reused ones.
-    once_first: bool,
+    /// Residency's order after the stale blocks.
+    residency_order: ResidencyOrder,
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
@@ -230,23 +250,21 @@ impl OnceReused {
             capacity: num_blocks,
             rule,
             cold_requests: 0,
-            once_first: false,
+            residency_order: ResidencyOrder::Plain,
             returns: ReturnAges::new(WITNESS_RETURNS),
         })
     }
 
-    /// Whether residency follows the variant of the module docs: the
-    /// blocks ARC sees once before those it sees reused, probation before
-    /// kept within each (stale blocks first of all). ARC's order is the
-    /// same either way.
-    pub(crate) fn set_once_before_reused(&mut self, on: bool) {
-        self.once_first = on;
+    /// How residency orders its victims after the stale ones (see the
+    /// module docs); ARC's order is the same in every case.
+    pub(crate) fn set_residency_order(&mut self, order: ResidencyOrder) {
+        self.residency_order = order;
     }
 
-    /// Whether residency follows the variant ([`Self::set_once_before_reused`]).
+    /// Residency's order in force.
     #[cfg(test)]
-    pub(crate) fn once_before_reused(&self) -> bool {
-        self.once_first
+    pub(crate) fn residency_order(&self) -> ResidencyOrder {
+        self.residency_order
     }
 
     /// The rule in force.
@@ -315,16 +333,18 @@ impl OnceReused {
                     self.age(front) > self.returns.horizon()
                 });
                 let nonempty = |l: usize| (!self.lists.is_empty(l)).then_some(l);
-                if self.once_first {
-                    return stale
-                        .or_else(|| nonempty(0))
+                stale.or_else(|| match self.residency_order {
+                    ResidencyOrder::Plain => self
+                        .oldest(&[0, reused])
+                        .or_else(|| self.oldest(&KEPT_LISTS)),
+                    ResidencyOrder::SpareReused => nonempty(0)
+                        .or_else(|| nonempty(reused))
+                        .or_else(|| self.oldest(&KEPT_LISTS)),
+                    ResidencyOrder::OnceFirst => nonempty(0)
                         .or_else(|| self.oldest(&[KEPT, WITNESSES]))
                         .or_else(|| nonempty(reused))
-                        .or_else(|| self.oldest(&[reused_kept, WITNESSES + 1]));
-                }
-                stale
-                    .or_else(|| self.oldest(&[0, reused]))
-                    .or_else(|| self.oldest(&KEPT_LISTS))
+                        .or_else(|| self.oldest(&[reused_kept, WITNESSES + 1])),
+                })
             }
             Rule::Arc => {
                 let once = self.oldest(&ONCE_LISTS);
@@ -673,13 +693,13 @@ mod tests {
     }
 
     #[test]
-    fn once_before_reused_orders_arcs_classes_then_residencys() {
+    fn residencys_orders_give_up_probation_or_arcs_seen_once_blocks_first() {
         // Released in this order: 0 reused on probation (it came back from
         // the once ghosts), 1 once on probation, 2 once and kept, 3 reused
         // and kept (hit).
-        let build = |once_first: bool| {
+        let build = |order: ResidencyOrder| {
             let mut p = OnceReused::new(8, Rule::Residency).unwrap();
-            p.set_once_before_reused(once_first);
+            p.set_residency_order(order);
             p.on_store(0, h(10), Retention::Probation, None);
             p.insert(0);
             assert_eq!(p.evict(), Some(0));
@@ -701,24 +721,30 @@ mod tests {
             );
             p
         };
-        let order = |mut p: OnceReused| std::iter::from_fn(move || p.evict()).collect::<Vec<_>>();
+        let victims = |mut p: OnceReused| std::iter::from_fn(move || p.evict()).collect::<Vec<_>>();
         assert_eq!(
-            order(build(false)),
+            victims(build(ResidencyOrder::Plain)),
             [0, 1, 2, 3],
-            "residency: probation, then kept, each in release order"
+            "probation, then kept, each in release order"
         );
         assert_eq!(
-            order(build(true)),
+            victims(build(ResidencyOrder::SpareReused)),
+            [1, 0, 2, 3],
+            "probation seen once first, kept last"
+        );
+        assert_eq!(
+            victims(build(ResidencyOrder::OnceFirst)),
             [1, 2, 0, 3],
             "seen once (probation, then kept), then reused (the same)"
         );
-        // ARC's order is the same either way.
-        let arc = |once_first: bool| {
-            let mut p = build(once_first);
+        // ARC's order is the same in every case.
+        let arc = |order: ResidencyOrder| {
+            let mut p = build(order);
             p.set_rule(Rule::Arc);
-            order(p)
+            victims(p)
         };
-        assert_eq!(arc(true), arc(false));
+        assert_eq!(arc(ResidencyOrder::OnceFirst), arc(ResidencyOrder::Plain));
+        assert_eq!(arc(ResidencyOrder::SpareReused), arc(ResidencyOrder::Plain));
     }
 
     #[test]
@@ -787,8 +813,8 @@ mod tests {
 
     proptest! {
         /// The rules hold after any sequence of stores, releases, hits,
-        /// drops, evictions and switches of rule, with ARC's once lists
-        /// first under residency or not and a learned horizon or none: the class
+        /// drops, evictions and switches of rule, under each of residency's
+        /// orders and with a learned horizon or none: the class
         /// counts match the blocks, the target stays in range, and each
         /// victim is the block released first among those its rule puts
         /// first (under residency a kept block past the horizon, not a
@@ -797,13 +823,15 @@ mod tests {
         fn the_rules_hold_on_random_sequences(
             ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
             first in 0..2usize,
-            once_first in any::<bool>(),
+            order in 0..3usize,
             learned_age in prop::option::of(0..24u32),
         ) {
             const N: usize = 6;
             const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
             let mut p = OnceReused::new(N, RULES[first]).unwrap();
-            p.set_once_before_reused(once_first);
+            const ORDERS: [ResidencyOrder; 3] =
+                [ResidencyOrder::Plain, ResidencyOrder::SpareReused, ResidencyOrder::OnceFirst];
+            p.set_residency_order(ORDERS[order]);
             for age in learned_age.into_iter().cycle().take(WITNESS_RETURNS.relearn_period as usize) {
                 p.returns.record(age);
             }
@@ -828,13 +856,16 @@ mod tests {
                                     .filter(|&&b| releases - released_at[b as usize] > u64::from(p.returns.horizon()));
                                 let expected = match p.rule() {
                                     Rule::Residency if stale.is_some() => stale,
-                                    Rule::Residency if once_first => released
-                                        .iter()
-                                        .find(|b| probation(b) && once(b))
-                                        .or_else(|| released.iter().find(once))
-                                        .or_else(|| released.iter().find(probation))
-                                        .or(released.first()),
-                                    Rule::Residency => released.iter().find(probation).or(released.first()),
+                                    Rule::Residency => match ORDERS[order] {
+                                        ResidencyOrder::Plain => None,
+                                        ResidencyOrder::SpareReused => released.iter().find(|b| probation(b) && once(b)),
+                                        ResidencyOrder::OnceFirst => released
+                                            .iter()
+                                            .find(|b| probation(b) && once(b))
+                                            .or_else(|| released.iter().find(once)),
+                                    }
+                                    .or_else(|| released.iter().find(probation))
+                                    .or(released.first()),
                                     Rule::Arc => {
                                         let first_once = released.iter().find(once);
                                         let first_reused = released.iter().find(|b| !once(b));
