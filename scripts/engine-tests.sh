@@ -24,8 +24,11 @@ sglang)
     .venv/bin/maturin build --release --quiet --auditwheel skip -o "$wheels"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
         --force-reinstall "$wheels"/mla_cache-*.whl
-    # The replay tests compare with the simulator (test.sh's features: no rebuild there).
-    cargo build --release --quiet --features cuda,remote-redis --bin mla-cache
+    # The replay tests compare with the simulator: MLA_CACHE_BIN, or one built now.
+    if [[ -z ${MLA_CACHE_BIN:-} ]]; then
+        cargo build --release --quiet --bin mla-cache
+        export MLA_CACHE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/mla-cache"
+    fi
     ;;
 *)
     .venv/bin/maturin develop --release --quiet

@@ -12,7 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== python environment (.venv)"
+# Each stage is announced with the seconds spent so far, so that slow stages show in CI logs.
+stage() { echo "== [${SECONDS} s] $*"; }
+
+stage "python environment (.venv)"
 scripts/venv.sh
 
 # NVRTC from the nvidia-cuda-nvrtc-cu12 wheel: the kernels must compile in CI.
@@ -20,45 +23,53 @@ MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvr
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
 features=capi,cuda,remote-redis
+# maturin builds the extension (pyext/, a workspace of its own) here too, so it
+# reuses the dependencies the tests built rather than building them again.
+export CARGO_TARGET_DIR="$PWD/target"
 
-echo "== rustfmt and clippy"
+stage "rustfmt and clippy"
 cargo fmt --check
 cargo clippy --release --workspace --features "$features,python" --all-targets -- -D warnings
 
-echo "== redis servers for the remote tier"
+stage "redis servers for the remote tier"
 eval "$(scripts/redis.sh start)"
 trap 'scripts/redis.sh stop' EXIT
 export MLA_CACHE_REQUIRE_REDIS=1
 
-echo "== cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile + emulation)"
+stage "cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile + emulation)"
 cargo test --release --workspace --features "$features" --all-targets
 cargo test --release --features "$features" --doc
 
-echo "== eviction policies with debug assertions (the contract's checks)"
-cargo test --lib policy::
+stage "eviction policies with debug assertions and overflow checks (the contract's checks)"
+# Only the library is rebuilt with them; its dependencies stay as built above.
+cargo test --release --workspace --features "$features" --lib \
+    --config 'profile.release.package.mla-cache.debug-assertions=true' \
+    --config 'profile.release.package.mla-cache.overflow-checks=true' policy::
 
-echo "== loom models"
+stage "loom models"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
     cargo test --release -p mla-cache --test 'loom_*'
 
-echo "== python module (maturin) and its tests"
+stage "python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
 # The hand-written stubs must match the module (names, signatures, defaults).
 .venv/bin/python -m mypy.stubtest mla_cache._native --allowlist python/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q python/tests
 
-echo "== the vLLM adapter replays the Mooncake trace exactly as simulate does"
-cargo build --release --features "$features" --bin mla-cache
-.venv/bin/python python/bench/replay_vllm_adapter.py --compare target/release/mla-cache
+stage "the vLLM adapter replays the Mooncake trace exactly as simulate does"
+# The binary `cargo test` built for the CLI's tests (the engine tests use it too).
+export MLA_CACHE_BIN="$PWD/target/release/mla-cache"
+.venv/bin/python python/bench/replay_vllm_adapter.py --compare "$MLA_CACHE_BIN"
 
-echo "== C ABI tests under valgrind (memcheck)"
+stage "C ABI tests under valgrind (memcheck)"
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind; }
 scripts/c-tests.sh --release --features "$features" --valgrind
-echo "== C ABI tests under AddressSanitizer and UBSan"
+stage "C ABI tests under AddressSanitizer and UBSan"
 scripts/c-tests.sh --release --features "$features" --asan
 
-echo "== SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
+stage "SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
 scripts/engine-tests.sh sglang
 
-echo "== vLLM 0.33's real scheduler with the adapter vs its own manager (engine venv, cached)"
+stage "vLLM 0.33's real scheduler with the adapter vs its own manager (engine venv, cached)"
 scripts/engine-tests.sh vllm
+stage "done"
