@@ -5,6 +5,7 @@
 use crate::alloc::filled;
 use crate::error::Result;
 use crate::ids::BlockId;
+use crate::index::prefetch_line;
 
 /// The end of a list: no previous or next id (block ids are below it).
 const NIL: u32 = u32::MAX;
@@ -130,6 +131,14 @@ impl<const N: usize, T: Copy> IdLists<N, T> {
     pub(crate) fn after(&self, id: BlockId) -> Option<BlockId> {
         let n = self.entries[id as usize].link.next;
         (n != NIL).then_some(n)
+    }
+
+    /// Starts loading `id`'s entry (its links and record) into the cache, so
+    /// that reading it soon after does not wait for memory (a hint).
+    pub(crate) fn prefetch(&self, id: BlockId) {
+        if let Some(entry) = self.entries.get(id as usize) {
+            prefetch_line(std::ptr::from_ref(entry).cast());
+        }
     }
 
     /// Appends `id`, which no list holds, to `list`.

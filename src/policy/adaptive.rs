@@ -273,6 +273,10 @@ impl EvictionPolicy for Adaptive {
         self.real.evict()
     }
 
+    fn evict_many(&mut self, n: usize, out: &mut Vec<BlockId>) -> usize {
+        self.real.evict_many(n, out)
+    }
+
     fn on_hit(&mut self, block: BlockId) {
         self.real.on_hit(block);
     }

@@ -61,13 +61,15 @@ pub(crate) struct GhostLists {
     buckets: Vec<Bucket>,
     shift: u32,
     /// Pushes to a list per generation, and generations an entry lives.
-    generation_len: u64,
+    generation_len: u32,
     life: u32,
-    /// Fingerprints ever pushed to each list, and the generation of its
-    /// last push.
-    pushes: [u64; 2],
-    generations: [u64; 2],
-    /// Per list, live entries by generation (modulo `life`).
+    /// Per list: the generation of its last push (wrapping; one before 0
+    /// until the first), the pushes left before its next generation begins,
+    /// and the slot of `born` that counts its current generation.
+    generations: [u32; 2],
+    to_next_generation: [u32; 2],
+    current_slot: [u32; 2],
+    /// Per list, live entries by generation (in a ring of `life` slots).
     born: [Vec<u32>; 2],
     /// Live fingerprints per list.
     len: [usize; 2],
@@ -82,15 +84,16 @@ impl GhostLists {
         let buckets = capacity.div_ceil(2).next_power_of_two();
         // Generations of a whole number of pushes, at most `LIFE` of them
         // within `capacity` pushes.
-        let generation_len = (capacity as u64).div_ceil(u64::from(LIFE));
-        let life = (capacity as u64 / generation_len) as u32;
+        let generation_len = (capacity as u32).div_ceil(LIFE);
+        let life = capacity as u32 / generation_len;
         Ok(Self {
             buckets: filled(buckets, Bucket([0; WAYS]), "the ghost lists")?,
             shift: 64 - buckets.trailing_zeros(),
             generation_len,
             life,
-            pushes: [0; 2],
-            generations: [0; 2],
+            generations: [u32::MAX; 2],
+            to_next_generation: [0; 2],
+            current_slot: [life - 1; 2],
             born: [vec![0; life as usize], vec![0; life as usize]],
             len: [0; 2],
         })
@@ -118,7 +121,7 @@ impl GhostLists {
     /// or an expired entry).
     fn live(&self, entry: u32) -> Option<(usize, u32)> {
         let list = (entry >> GEN_BITS & 1) as usize;
-        let age = (self.generations[list] as u32).wrapping_sub(entry & GEN_MASK) & GEN_MASK;
+        let age = self.generations[list].wrapping_sub(entry & GEN_MASK) & GEN_MASK;
         (entry != 0 && age < self.life).then_some((list, age))
     }
 
@@ -127,9 +130,15 @@ impl GhostLists {
         self.live(entry).map_or(0, |(_, age)| self.life - age)
     }
 
-    /// The slot of `born[list]` counting the generation `age` generations old.
+    /// The slot of `born[list]` counting the generation `age` (under
+    /// `life`) generations old.
     fn born_slot(&self, list: usize, age: u32) -> usize {
-        ((self.generations[list] - u64::from(age)) % u64::from(self.life)) as usize
+        let current = self.current_slot[list];
+        (if age <= current {
+            current - age
+        } else {
+            current + self.life - age
+        }) as usize
     }
 
     /// The way of bucket `b` holding `tag`, live or not.
@@ -186,11 +195,15 @@ impl GhostLists {
     /// Remembers `fp` in list `list`, as its newest entry.
     pub(crate) fn push(&mut self, list: usize, fp: u64) {
         // A new generation: the one a life before it expires.
-        if self.pushes[list] % self.generation_len == 0 {
-            self.generations[list] = self.pushes[list] / self.generation_len;
-            let slot = self.born_slot(list, 0);
+        if self.to_next_generation[list] == 0 {
+            self.to_next_generation[list] = self.generation_len;
+            self.generations[list] = self.generations[list].wrapping_add(1);
+            let slot = &mut self.current_slot[list];
+            *slot = if *slot + 1 == self.life { 0 } else { *slot + 1 };
+            let slot = *slot as usize;
             self.len[list] -= std::mem::take(&mut self.born[list][slot]) as usize;
         }
+        self.to_next_generation[list] -= 1;
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
         let mut ways = self.buckets[b].0;
@@ -206,12 +219,11 @@ impl GhostLists {
             (0..WAYS).min_by_key(|&w| self.life(ways[w])).unwrap()
         });
         self.clear(b, way);
-        let generation = self.generations[list] as u32 & GEN_MASK;
+        let generation = self.generations[list] & GEN_MASK;
         self.buckets[b].0[way] = tag << (GEN_BITS + 1) | (list as u32) << GEN_BITS | generation;
         let slot = self.born_slot(list, 0);
         self.born[list][slot] += 1;
         self.len[list] += 1;
-        self.pushes[list] += 1;
     }
 
     /// Forgets `fp`; returns the list that remembered it.

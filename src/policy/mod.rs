@@ -77,6 +77,8 @@ pub enum Retention {
 /// - [`remove`](Self::remove)`(b)`: an evictable block was revived by a hit.
 /// - [`evict`](Self::evict): choose an evictable block and forget it; the
 ///   manager drops its hash from the index. Returns `None` only when empty.
+///   [`evict_many`](Self::evict_many) chooses several at once, as as many
+///   calls of `evict` would.
 /// - [`on_hit`](Self::on_hit)`(b)`: an admission reused `b` (after `remove`
 ///   when it was free).
 /// - [`forget`](Self::forget)`(b)`: `b` left the prefix index without being
@@ -116,6 +118,21 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     fn remove(&mut self, block: BlockId);
     /// Chooses a victim and removes it from the evictable set.
     fn evict(&mut self) -> Option<BlockId>;
+    /// Chooses up to `n` victims, the ones `n` calls of
+    /// [`evict`](Self::evict) would choose, in that order, and appends them
+    /// to `out`; returns how many (fewer only when the set ran out). A
+    /// policy with memory to touch per victim overrides it to overlap those
+    /// accesses across the batch.
+    fn evict_many(&mut self, n: usize, out: &mut Vec<BlockId>) -> usize {
+        let start = out.len();
+        while out.len() - start < n {
+            let Some(b) = self.evict() else {
+                break;
+            };
+            out.push(b);
+        }
+        out.len() - start
+    }
     /// A request hit `block` (free or not). Frequency-aware policies count it.
     fn on_hit(&mut self, _block: BlockId) {}
     /// `block` left the prefix index on request, not by [`evict`](Self::evict);
@@ -167,7 +184,8 @@ mod tests {
         Hit(usize),
         /// Drop a cached block from the index on request (by index into all cached ones).
         Drop(usize),
-        Evict,
+        /// Evict this many blocks at once.
+        Evict(usize),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -177,11 +195,69 @@ mod tests {
             3 => any::<usize>().prop_map(Op::Release),
             2 => any::<usize>().prop_map(Op::Hit),
             1 => any::<usize>().prop_map(Op::Drop),
-            2 => Just(Op::Evict),
+            2 => (1..4usize).prop_map(Op::Evict),
         ]
     }
 
     const BLOCKS: usize = 10;
+
+    /// Two instances of one policy given the same calls, except that victims
+    /// are chosen one at a time by one and in batches by the other: they
+    /// must choose the same ones.
+    #[derive(Debug)]
+    struct Twin(Box<dyn EvictionPolicy>, Box<dyn EvictionPolicy>);
+
+    impl Twin {
+        fn new(kind: EvictionPolicyKind) -> Self {
+            Twin(build(kind, BLOCKS).unwrap(), build(kind, BLOCKS).unwrap())
+        }
+
+        /// Victims by `evict_many(n)` of one, checked against `n` calls of
+        /// `evict` of the other.
+        fn evict_many(&mut self, n: usize) -> Vec<BlockId> {
+            let mut batch = Vec::new();
+            assert_eq!(self.0.evict_many(n, &mut batch), batch.len());
+            let one_by_one: Vec<BlockId> = (0..n).map_while(|_| self.1.evict()).collect();
+            assert_eq!(batch, one_by_one, "{}: evict_many({n})", self.0.name());
+            batch
+        }
+
+        fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
+            let r = self.0.on_request(hashes, hit);
+            assert_eq!(r, self.1.on_request(hashes, hit));
+            r
+        }
+
+        fn on_store(&mut self, b: BlockId, h: BlockHash, r: Retention) {
+            self.0.on_store(b, h, r, None);
+            self.1.on_store(b, h, r, None);
+        }
+
+        fn insert(&mut self, b: BlockId) {
+            self.0.insert(b);
+            self.1.insert(b);
+        }
+
+        fn remove(&mut self, b: BlockId) {
+            self.0.remove(b);
+            self.1.remove(b);
+        }
+
+        fn on_hit(&mut self, b: BlockId) {
+            self.0.on_hit(b);
+            self.1.on_hit(b);
+        }
+
+        fn forget(&mut self, b: BlockId) {
+            self.0.forget(b);
+            self.1.forget(b);
+        }
+
+        fn len(&self) -> usize {
+            assert_eq!(self.0.len(), self.1.len());
+            self.0.len()
+        }
+    }
 
     /// The `i`-th (modulo) block still in the index, evictable or held.
     fn pick_cached(
@@ -201,12 +277,13 @@ mod tests {
 
     proptest! {
         /// Any sequence of calls that keeps the contract: every policy evicts
-        /// only evictable blocks, each once, and counts them right.
+        /// only evictable blocks, each once, and counts them right; victims
+        /// chosen in batches are the ones chosen one at a time.
         #[test]
         fn every_policy_keeps_the_evictable_set(ops in prop::collection::vec(op(), 1..200)) {
             for kind in EvictionPolicyKind::ALL {
-                let mut p = build(kind, BLOCKS).unwrap();
-                prop_assert_eq!(p.name(), kind.name());
+                let mut p = Twin::new(kind);
+                prop_assert_eq!(p.0.name(), kind.name());
                 let mut never: Vec<BlockId> = (0..BLOCKS as BlockId).collect();
                 let mut held: Vec<BlockId> = Vec::new();
                 // Held blocks dropped from the index: released to `never`, not to the policy.
@@ -223,7 +300,7 @@ mod tests {
                         Op::Store(h) => {
                             let b = match never.pop() {
                                 Some(b) => b,
-                                None => match p.evict() {
+                                None => match p.evict_many(1).pop() {
                                     Some(b) => {
                                         prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
                                         b
@@ -231,7 +308,7 @@ mod tests {
                                     None => continue,
                                 },
                             };
-                            p.on_store(b, BlockHash(u128::from(h) * 977), retention, None);
+                            p.on_store(b, BlockHash(u128::from(h) * 977), retention);
                             held.push(b);
                         }
                         Op::Release(i) if !held.is_empty() => {
@@ -268,14 +345,14 @@ mod tests {
                             }
                             p.forget(b);
                         }
-                        Op::Evict => {
-                            let got = p.evict();
-                            match got {
-                                Some(b) => {
-                                    prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
-                                    never.push(b);
-                                }
-                                None => prop_assert!(evictable.is_empty()),
+                        Op::Evict(n) => {
+                            let got = p.evict_many(n);
+                            for &b in &got {
+                                prop_assert!(evictable.remove(&b), "{kind}: evicted {b}");
+                                never.push(b);
+                            }
+                            if got.len() < n {
+                                prop_assert!(evictable.is_empty());
                             }
                         }
                         Op::Release(_) => {}

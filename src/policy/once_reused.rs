@@ -237,6 +237,9 @@ pub(crate) struct OnceReused {
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
+    /// `evict_many`'s victims' ghost lists and fingerprints (kept to reuse
+    /// its allocation).
+    victim_ghosts: Vec<(usize, u64)>,
 }
 
 impl OnceReused {
@@ -252,6 +255,7 @@ impl OnceReused {
             cold_requests: 0,
             residency_order: ResidencyOrder::Plain,
             returns: ReturnAges::new(WITNESS_RETURNS),
+            victim_ghosts: Vec::new(),
         })
     }
 
@@ -320,6 +324,24 @@ impl OnceReused {
             })
             .min()
             .map(|(_, l)| l)
+    }
+
+    /// Takes the next victim out of its list and the index: the block, and
+    /// the ghost list it goes to. Fetches the entry of the block behind it,
+    /// which victims in a run reach next.
+    fn take_victim(&mut self) -> Option<(BlockId, usize)> {
+        let list = self.victim_list()?;
+        let block = self.lists.pop_front(list)?;
+        if let Some(after) = self.lists.front(list).and_then(|b| self.lists.after(b)) {
+            self.lists.prefetch(after);
+        }
+        self.set_class(block, Class::Uncached);
+        let ghost = if REUSED_LISTS.contains(&list) {
+            REUSED
+        } else {
+            ONCE
+        };
+        Some((block, ghost))
     }
 
     /// The list the next victim comes from.
@@ -435,28 +457,32 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let list = self.victim_list()?;
-        let block = self.lists.pop_front(list)?;
-        let fp = self.lists.record(block).fingerprint;
-        let ghost = if REUSED_LISTS.contains(&list) {
-            REUSED
-        } else {
-            ONCE
-        };
-        self.ghosts.push(ghost, fp);
-        self.set_class(block, Class::Uncached);
-        // Victims come in runs: fetch the ghost buckets of the next two now,
-        // so their pushes find them in the cache.
-        if let Some(next) = self.victim_list() {
-            let front = self.lists.front(next);
-            for b in front
-                .into_iter()
-                .chain(front.and_then(|b| self.lists.after(b)))
-            {
-                self.ghosts.prefetch(self.lists.record(b).fingerprint);
-            }
-        }
+        let (block, ghost) = self.take_victim()?;
+        self.ghosts.push(ghost, self.lists.record(block).fingerprint);
         Some(block)
+    }
+
+    fn evict_many(&mut self, n: usize, out: &mut Vec<BlockId>) -> usize {
+        // The victims first, each one's ghost bucket fetched as it is
+        // taken, then their ghosts pushed in the same order: by then the
+        // buckets are in the cache, and nothing between reads the ghosts.
+        let start = out.len();
+        let mut ghosts = std::mem::take(&mut self.victim_ghosts);
+        ghosts.clear();
+        while out.len() - start < n {
+            let Some((block, ghost)) = self.take_victim() else {
+                break;
+            };
+            let fp = self.lists.record(block).fingerprint;
+            self.ghosts.prefetch(fp);
+            ghosts.push((ghost, fp));
+            out.push(block);
+        }
+        for &(ghost, fp) in &ghosts {
+            self.ghosts.push(ghost, fp);
+        }
+        self.victim_ghosts = ghosts;
+        out.len() - start
     }
 
     fn on_hit(&mut self, block: BlockId) {

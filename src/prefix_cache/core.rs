@@ -385,12 +385,7 @@ impl Prefixes {
         /// Victims between a bucket's prefetch and its removal.
         const AHEAD: usize = 8;
         let start = out.len();
-        while out.len() - start < n {
-            let Some(b) = st.policy.evict() else {
-                break;
-            };
-            out.push(b);
-        }
+        st.policy.evict_many(n, out);
         // Each victim's slot (where its hash is) is prefetched a few
         // victims ahead of its read, as its bucket is ahead of its removal.
         let taken = &out[start..];
