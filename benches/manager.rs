@@ -13,9 +13,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+// Each includer uses a part of it.
+#[allow(dead_code)]
+#[path = "common/policy_workloads.rs"]
+mod policy_workloads;
 use mla_cache::{
     AdmitOptions, BlockHashKind, BlockManager, CacheConfig, EvictionPolicyKind, ExtraKeys,
 };
+use policy_workloads::{thread_cpu_time, LONG_PROMPT, POLICY};
 
 const PROMPT: usize = 4096;
 
@@ -164,23 +169,13 @@ fn two_threads(c: &mut Criterion) {
 fn per_policy(c: &mut Criterion) {
     let mut g = c.benchmark_group("manager_policy");
     for kind in EvictionPolicyKind::ALL {
-        let mut config = CacheConfig::new(16_384);
-        config.hash_seed = Some(1);
-        config.eviction = kind;
-        let m = BlockManager::new(config).unwrap();
+        let m = policy_workloads::manager(kind);
         let mut i = 0u32;
-        let mut p: Vec<u32> = vec![0; PROMPT];
+        let mut p = Vec::new();
         g.bench_function(format!("admit_free_4096_mixed/{kind}"), |b| {
             b.iter(|| {
                 i = i.wrapping_add(1);
-                let prefix = i.wrapping_mul(2_654_435_761) % 64;
-                for (j, t) in p.iter_mut().enumerate() {
-                    *t = if j < PROMPT / 2 {
-                        prefix * PROMPT as u32 + j as u32
-                    } else {
-                        (1 << 30) + i.wrapping_mul(PROMPT as u32) + j as u32
-                    };
-                }
+                POLICY.write_prompt(i, &mut p);
                 m.admit(1, black_box(&p), &AdmitOptions::default()).unwrap();
                 m.free(1).unwrap();
             })
@@ -197,30 +192,16 @@ fn per_policy(c: &mut Criterion) {
 /// thread's CPU time over admit+free only (the prompt is made outside it),
 /// so other processes on a shared machine do not inflate it.
 fn long_prompt(c: &mut Criterion) {
-    const LONG: usize = 12_000;
-    const SHARED: usize = 4_096;
     let mut g = c.benchmark_group("manager_long_prompt");
     for kind in EvictionPolicyKind::ALL {
-        let mut config = CacheConfig::new(16_384);
-        config.hash_seed = Some(1);
-        config.eviction = kind;
-        let m = BlockManager::new(config).unwrap();
+        let m = policy_workloads::manager(kind);
         let mut i = 0u32;
-        let mut next_prompt = || {
-            i = i.wrapping_add(1);
-            let prefix = i.wrapping_mul(2_654_435_761) % 64;
-            (0..LONG as u32)
-                .map(|j| match j < SHARED as u32 {
-                    true => prefix * SHARED as u32 + j,
-                    false => (1 << 30) + i.wrapping_mul(LONG as u32) + j,
-                })
-                .collect::<Vec<u32>>()
-        };
         g.bench_function(format!("admit_free_12000_evicting/{kind}"), |b| {
             b.iter_custom(|iters| {
                 let mut spent = Duration::ZERO;
                 for _ in 0..iters {
-                    let p = next_prompt();
+                    i = i.wrapping_add(1);
+                    let p = LONG_PROMPT.prompt(i);
                     let start = thread_cpu_time();
                     m.admit(1, black_box(&p), &AdmitOptions::default()).unwrap();
                     m.free(1).unwrap();
@@ -231,18 +212,6 @@ fn long_prompt(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// The calling thread's CPU time.
-fn thread_cpu_time() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write; the clock id is a constant.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Hashing a 4,096-token prompt (64 blocks of 64) with each block hash kind.

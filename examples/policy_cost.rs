@@ -18,51 +18,14 @@
 //! and the median over rounds of its time over LRU's in the same round.
 
 use std::hint::black_box;
-use std::time::Duration;
 
-use mla_cache::{AdmitOptions, BlockManager, CacheConfig, EvictionPolicyKind};
+use mla_cache::{AdmitOptions, BlockManager, EvictionPolicyKind};
 
-/// One workload: prompt length and shared prefix length.
-struct Workload {
-    name: &'static str,
-    len: u32,
-    shared: u32,
-}
-
-const WORKLOADS: [Workload; 2] = [
-    Workload {
-        name: "policy",
-        len: 4096,
-        shared: 2048,
-    },
-    Workload {
-        name: "long_prompt",
-        len: 12_000,
-        shared: 4096,
-    },
-];
-
-/// The `i`-th prompt of `w`: one of 64 shared prefixes and a fresh tail.
-fn prompt(w: &Workload, i: u32) -> Vec<u32> {
-    let prefix = i.wrapping_mul(2_654_435_761) % 64;
-    (0..w.len)
-        .map(|j| match j < w.shared {
-            true => prefix * w.shared + j,
-            false => (1 << 30) + i.wrapping_mul(w.len) + j,
-        })
-        .collect()
-}
-
-/// The calling thread's CPU time.
-fn thread_cpu_time() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
+// Each includer uses a part of it.
+#[allow(dead_code)]
+#[path = "../benches/common/policy_workloads.rs"]
+mod policy_workloads;
+use policy_workloads::{manager, thread_cpu_time, LONG_PROMPT, POLICY};
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -83,16 +46,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (rounds, turn) = (arg(&args, "--rounds", 400), arg(&args, "--turn", 8));
     let kinds = EvictionPolicyKind::ALL;
-    for w in &WORKLOADS {
-        let managers: Vec<BlockManager> = kinds
-            .iter()
-            .map(|&kind| {
-                let mut config = CacheConfig::new(16_384);
-                config.hash_seed = Some(1);
-                config.eviction = kind;
-                BlockManager::new(config).unwrap()
-            })
-            .collect();
+    for w in [&POLICY, &LONG_PROMPT] {
+        let managers: Vec<BlockManager> = kinds.iter().map(|&kind| manager(kind)).collect();
         let mut next = 0u32;
         let serve = |m: &BlockManager, p: &[u32]| {
             m.admit(1, black_box(p), &AdmitOptions::default()).unwrap();
@@ -101,7 +56,7 @@ fn main() {
         // Fill every cache: from here on each request evicts.
         let filling = 2 * 16_384 * 64 / (w.len - w.shared);
         for _ in 0..filling {
-            let p = prompt(w, next);
+            let p = w.prompt(next);
             next += 1;
             for m in &managers {
                 serve(m, &p);
@@ -109,7 +64,7 @@ fn main() {
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
         for _ in 0..rounds {
-            let prompts: Vec<Vec<u32>> = (0..turn as u32).map(|k| prompt(w, next + k)).collect();
+            let prompts: Vec<Vec<u32>> = (0..turn as u32).map(|k| w.prompt(next + k)).collect();
             next += turn as u32;
             for (m, t) in managers.iter().zip(&mut times) {
                 let start = thread_cpu_time();

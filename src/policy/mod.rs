@@ -172,10 +172,7 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         /// A request arrives with this many full blocks, the first ones cached.
-        Request {
-            hit: u8,
-            len: u8,
-        },
+        Request { hit: u8, len: u8 },
         /// Store a new block (from the never-stored pool or a victim) under this hash.
         Store(u8),
         /// Release a held block (by index into the held ones).

@@ -458,7 +458,8 @@ impl EvictionPolicy for OnceReused {
 
     fn evict(&mut self) -> Option<BlockId> {
         let (block, ghost) = self.take_victim()?;
-        self.ghosts.push(ghost, self.lists.record(block).fingerprint);
+        self.ghosts
+            .push(ghost, self.lists.record(block).fingerprint);
         Some(block)
     }
 
