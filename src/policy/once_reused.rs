@@ -77,7 +77,7 @@
 //! and a switch of rules ([`OnceReused::set_rule`]) finds the other rule's
 //! classification up to date: nothing to rebuild.
 //!
-//! Two variants of residency's order after the stale blocks, for the real
+//! A variant of residency's order after the stale blocks, for the real
 //! cache of [`super::Adaptive`] ([`OnceReused::set_residency_order`]; see
 //! [`ResidencyOrder`]): residency's own order is probation (lists 0 and 2,
 //! oldest first) before kept (1, 3, 4, 5);
@@ -85,15 +85,13 @@
 //! ```text
 //!   Plain         [0 + 2]  [1 + 3 + 4 + 5]        the rule as it is
 //!   SpareReused   [0]  [2]  [1 + 3 + 4 + 5]       probation keeps ARC's reused blocks longest
-//!   OnceFirst     [0]  [1 + 4]  [2]  [3 + 5]      ARC's classes first, residency's within each
 //! ```
 //!
-//! Both keep what ARC would keep longest where residency's own choice is
-//! indifferent: `SpareReused` within probation, `OnceFirst` also across
-//! it, so that a spell under residency on traffic that ARC serves better
-//! costs few of the reused blocks ARC keeps for the long run, while a
-//! resident conversation's new blocks (kept, seen once) still outlive the
-//! cold ones' seen once.
+//! `SpareReused` keeps what ARC would keep longest where residency's own
+//! choice is indifferent (within probation), so that a spell under
+//! residency costs few of the reused blocks ARC keeps for the long run,
+//! while a resident conversation's new blocks (kept, seen once) still
+//! outlive the cold ones' seen once.
 //!
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
@@ -158,9 +156,6 @@ pub(crate) enum ResidencyOrder {
     Plain,
     /// Probation ARC sees once, probation ARC sees reused, then kept.
     SpareReused,
-    /// Blocks ARC sees once (probation, then kept), then those it sees
-    /// reused (the same).
-    OnceFirst,
 }
 
 /// The lists: ARC's class (once 0, reused 2) plus residency's (probation 0,
@@ -362,10 +357,6 @@ impl OnceReused {
                     ResidencyOrder::SpareReused => nonempty(0)
                         .or_else(|| nonempty(reused))
                         .or_else(|| self.oldest(&KEPT_LISTS)),
-                    ResidencyOrder::OnceFirst => nonempty(0)
-                        .or_else(|| self.oldest(&[KEPT, WITNESSES]))
-                        .or_else(|| nonempty(reused))
-                        .or_else(|| self.oldest(&[reused_kept, WITNESSES + 1])),
                 })
             }
             Rule::Arc => {
@@ -720,7 +711,7 @@ mod tests {
     }
 
     #[test]
-    fn residencys_orders_give_up_probation_or_arcs_seen_once_blocks_first() {
+    fn residencys_orders_give_up_probation_or_its_seen_once_blocks_first() {
         // Released in this order: 0 reused on probation (it came back from
         // the once ghosts), 1 once on probation, 2 once and kept, 3 reused
         // and kept (hit).
@@ -759,18 +750,12 @@ mod tests {
             [1, 0, 2, 3],
             "probation seen once first, kept last"
         );
-        assert_eq!(
-            victims(build(ResidencyOrder::OnceFirst)),
-            [1, 2, 0, 3],
-            "seen once (probation, then kept), then reused (the same)"
-        );
         // ARC's order is the same in every case.
         let arc = |order: ResidencyOrder| {
             let mut p = build(order);
             p.set_rule(Rule::Arc);
             victims(p)
         };
-        assert_eq!(arc(ResidencyOrder::OnceFirst), arc(ResidencyOrder::Plain));
         assert_eq!(arc(ResidencyOrder::SpareReused), arc(ResidencyOrder::Plain));
     }
 
@@ -850,14 +835,13 @@ mod tests {
         fn the_rules_hold_on_random_sequences(
             ops in prop::collection::vec((0..5u8, 0..12u128, any::<usize>()), 1..300),
             first in 0..2usize,
-            order in 0..3usize,
+            order in 0..2usize,
             learned_age in prop::option::of(0..24u32),
         ) {
             const N: usize = 6;
             const RULES: [Rule; 2] = [Rule::Arc, Rule::Residency];
             let mut p = OnceReused::new(N, RULES[first]).unwrap();
-            const ORDERS: [ResidencyOrder; 3] =
-                [ResidencyOrder::Plain, ResidencyOrder::SpareReused, ResidencyOrder::OnceFirst];
+            const ORDERS: [ResidencyOrder; 2] = [ResidencyOrder::Plain, ResidencyOrder::SpareReused];
             p.set_residency_order(ORDERS[order]);
             for age in learned_age.into_iter().cycle().take(WITNESS_RETURNS.relearn_period as usize) {
                 p.returns.record(age);
@@ -886,10 +870,6 @@ mod tests {
                                     Rule::Residency => match ORDERS[order] {
                                         ResidencyOrder::Plain => None,
                                         ResidencyOrder::SpareReused => released.iter().find(|b| probation(b) && once(b)),
-                                        ResidencyOrder::OnceFirst => released
-                                            .iter()
-                                            .find(|b| probation(b) && once(b))
-                                            .or_else(|| released.iter().find(once)),
                                     }
                                     .or_else(|| released.iter().find(probation))
                                     .or(released.first()),
