@@ -24,10 +24,12 @@ sglang)
     .venv/bin/maturin build --release --quiet --auditwheel skip -o "$wheels"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
         --force-reinstall "$wheels"/mla_cache-*.whl
-    # The replay tests compare with the simulator: MLA_CACHE_BIN, or one built now.
+    # The replay tests compare with the simulator: MLA_CACHE_BIN (scripts/test.sh
+    # passes the one its tests built), or one built now.
     if [[ -z ${MLA_CACHE_BIN:-} ]]; then
         cargo build --release --quiet --bin mla-cache
-        export MLA_CACHE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/mla-cache"
+        MLA_CACHE_BIN="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/mla-cache"
+        export MLA_CACHE_BIN
     fi
     ;;
 *)

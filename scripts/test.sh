@@ -41,13 +41,14 @@ cargo test --release --workspace --features "$features" --all-targets
 cargo test --release --features "$features" --doc
 
 stage "eviction policies with debug assertions and overflow checks (the contract's checks)"
-# Only the library is rebuilt with them; its dependencies stay as built above.
+# Only the library (and the C library's test, built on it) is rebuilt with
+# them; their dependencies stay as built above.
 cargo test --release --workspace --features "$features" --lib \
     --config 'profile.release.package.mla-cache.debug-assertions=true' \
     --config 'profile.release.package.mla-cache.overflow-checks=true' policy::
 
 stage "loom models"
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" \
     cargo test --release -p mla-cache --test 'loom_*'
 
 stage "python module (maturin) and its tests"
@@ -58,7 +59,7 @@ stage "python module (maturin) and its tests"
 
 stage "the vLLM adapter replays the Mooncake trace exactly as simulate does"
 # The binary `cargo test` built for the CLI's tests (the engine tests use it too).
-export MLA_CACHE_BIN="$PWD/target/release/mla-cache"
+export MLA_CACHE_BIN="$CARGO_TARGET_DIR/release/mla-cache"
 .venv/bin/python python/bench/replay_vllm_adapter.py --compare "$MLA_CACHE_BIN"
 
 stage "C ABI tests under valgrind (memcheck)"

@@ -140,9 +140,9 @@ fn adaptive_follows_arc_on_the_mooncake_trace_at_two_sizes() {
 /// leads for spells (early in the trace, and around its 2,400th request at
 /// 11,585 blocks) while the later requests come back to what ARC keeps: the
 /// real cache leaves ARC only on a lead of six standard deviations. With
-/// one, hash seeds 0 to 3 ended 3.5% below ARC at 11,585 blocks (a spread
-/// of 4.3%); before any margin, ten seeds at 8,192 blocks ended 3.2% below
-/// ARC (a spread of 4.5%).
+/// one, the worst of ten hash seeds (one of seeds 0 to 3) ended 3.5% below
+/// ARC at 11,585 blocks, a spread of 4.3%; before any margin, ten seeds at
+/// 8,192 blocks ended 3.2% below ARC (a spread of 4.5%).
 #[test]
 fn adaptive_follows_arc_on_the_mooncake_trace_where_residency_leads_for_spells() {
     adaptive_follows_the_better_rule(&mooncake(), &[8192, 11_585], "arc");

@@ -77,8 +77,8 @@ pub enum Retention {
 /// - [`remove`](Self::remove)`(b)`: an evictable block was revived by a hit.
 /// - [`evict`](Self::evict): choose an evictable block and forget it; the
 ///   manager drops its hash from the index. Returns `None` only when empty.
-///   [`evict_many`](Self::evict_many) chooses several at once, as as many
-///   calls of `evict` would.
+///   [`evict_many`](Self::evict_many) chooses several at once: the ones as
+///   many calls of `evict` would.
 /// - [`on_hit`](Self::on_hit)`(b)`: an admission reused `b` (after `remove`
 ///   when it was free).
 /// - [`forget`](Self::forget)`(b)`: `b` left the prefix index without being
@@ -192,7 +192,7 @@ mod tests {
             3 => any::<usize>().prop_map(Op::Release),
             2 => any::<usize>().prop_map(Op::Hit),
             1 => any::<usize>().prop_map(Op::Drop),
-            2 => (1..4usize).prop_map(Op::Evict),
+            2 => (0..4usize).prop_map(Op::Evict),
         ]
     }
 
@@ -209,14 +209,21 @@ mod tests {
             Twin(build(kind, BLOCKS).unwrap(), build(kind, BLOCKS).unwrap())
         }
 
-        /// Victims by `evict_many(n)` of one, checked against `n` calls of
-        /// `evict` of the other.
+        /// Victims by `evict_many(n)` of one (appended to what `out` holds
+        /// already), checked against `n` calls of `evict` of the other.
         fn evict_many(&mut self, n: usize) -> Vec<BlockId> {
-            let mut batch = Vec::new();
-            assert_eq!(self.0.evict_many(n, &mut batch), batch.len());
+            const HELD: BlockId = BlockId::MAX;
+            let mut batch = vec![HELD];
+            assert_eq!(self.0.evict_many(n, &mut batch), batch.len() - 1);
+            assert_eq!(
+                batch[0],
+                HELD,
+                "{}: evict_many overwrote its output",
+                self.0.name()
+            );
             let one_by_one: Vec<BlockId> = (0..n).map_while(|_| self.1.evict()).collect();
-            assert_eq!(batch, one_by_one, "{}: evict_many({n})", self.0.name());
-            batch
+            assert_eq!(batch[1..], one_by_one, "{}: evict_many({n})", self.0.name());
+            batch.split_off(1)
         }
 
         fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {

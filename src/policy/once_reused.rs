@@ -321,9 +321,10 @@ impl OnceReused {
             .map(|(_, l)| l)
     }
 
-    /// Takes the next victim out of its list and the index: the block, and
-    /// the ghost list it goes to. Fetches the entry of the block behind it,
-    /// which victims in a run reach next.
+    /// Takes the next victim out of its list (it is uncached from now on):
+    /// the block, and the ghost list it goes to. Fetches the entry of the
+    /// block after the list's new front, which a run of victims reaches
+    /// next but one.
     fn take_victim(&mut self) -> Option<(BlockId, usize)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
