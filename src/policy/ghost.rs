@@ -4,6 +4,7 @@
 use crate::alloc::filled;
 use crate::error::Result;
 use crate::hash::BlockHash;
+use crate::index::prefetch_line;
 
 /// A block hash reduced to 64 bits, never 0. Policies only use it to
 /// recognize blocks that come back: a collision can only mislead a
@@ -173,15 +174,7 @@ impl GhostLists {
     /// `push` of it soon after does not wait for memory (a hint: the
     /// processor may drop it).
     pub(crate) fn prefetch(&self, fp: u64) {
-        let bucket: *const Bucket = &self.buckets[self.bucket(fp)];
-        // SAFETY: SSE is part of every x86_64 target, and a prefetch only
-        // hints the cache: it never faults nor reads into the program.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bucket.cast());
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = bucket;
+        prefetch_line(std::ptr::from_ref(&self.buckets[self.bucket(fp)]).cast());
     }
 
     /// Loads `fp`'s bucket now, its value dropped: a batch of these before

@@ -322,10 +322,10 @@ impl OnceReused {
     }
 
     /// Takes the next victim out of its list (it is uncached from now on):
-    /// the block, and the ghost list it goes to. Fetches the entry of the
-    /// block after the list's new front, which a run of victims reaches
-    /// next but one.
-    fn take_victim(&mut self) -> Option<(BlockId, usize)> {
+    /// the block, the ghost list it goes to and its fingerprint. Fetches the
+    /// entry of the block after the list's new front, which a run of victims
+    /// reaches next but one.
+    fn take_victim(&mut self) -> Option<(BlockId, usize, u64)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
         if let Some(after) = self.lists.front(list).and_then(|b| self.lists.after(b)) {
@@ -337,7 +337,7 @@ impl OnceReused {
         } else {
             ONCE
         };
-        Some((block, ghost))
+        Some((block, ghost, self.lists.record(block).fingerprint))
     }
 
     /// The list the next victim comes from.
@@ -449,9 +449,8 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let (block, ghost) = self.take_victim()?;
-        self.ghosts
-            .push(ghost, self.lists.record(block).fingerprint);
+        let (block, ghost, fp) = self.take_victim()?;
+        self.ghosts.push(ghost, fp);
         Some(block)
     }
 
@@ -463,10 +462,9 @@ impl EvictionPolicy for OnceReused {
         let mut ghosts = std::mem::take(&mut self.victim_ghosts);
         ghosts.clear();
         while out.len() - start < n {
-            let Some((block, ghost)) = self.take_victim() else {
+            let Some((block, ghost, fp)) = self.take_victim() else {
                 break;
             };
-            let fp = self.lists.record(block).fingerprint;
             self.ghosts.prefetch(fp);
             ghosts.push((ghost, fp));
             out.push(block);
