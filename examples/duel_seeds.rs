@@ -2,7 +2,7 @@
 //! figures of docs/eviction.md, reproducible with one command.
 //!
 //! ```text
-//! cargo run --release --example duel_seeds -- [--workload multiturn|mooncake]
+//! cargo run --release --example duel_seeds -- [--workload multiturn|mooncake|NAME]
 //!     [--blocks 8192,16384] [--hash-seeds 10] [--jobs 2] [--cache-only]
 //! ```
 //!
@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use mla_cache::sim::{
-    cache_only, simulate, BlockKeys, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest,
-    MOONCAKE_SYNTHETIC_TRACE,
+    cache_only, generate_mix, generated_workload, simulate, BlockKeys, OnMalformed, SimConfig,
+    Trace, TraceRequest, MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::EvictionPolicyKind;
 
@@ -81,11 +81,12 @@ fn run_all(replay: &Replay, runs: &[Run], jobs: usize) -> Result<Vec<f64>, Strin
 
 fn workload(name: &str) -> Result<Trace, String> {
     match name {
-        "multiturn" => Ok(ChatConfig::multiturn().generate(0)),
         "mooncake" => {
             Trace::parse(MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).map_err(|e| format!("{e}"))
         }
-        other => Err(format!("unknown workload {other:?} (multiturn, mooncake)")),
+        generated => generated_workload(generated)
+            .map(|populations| generate_mix(&populations, 0))
+            .ok_or_else(|| format!("unknown workload {generated:?} (`simulate --workload` names)")),
     }
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use mla_cache::sim::SimRemoteTier;
 use mla_cache::sim::{
-    generate_mix, ChatConfig, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
+    generate_mix, generated_workload, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
@@ -140,25 +140,18 @@ impl SimulateArgs {
                 ("mooncake synthetic trace".to_string(), trace)
             }
             (None, generated) => {
-                let (label, preset, background) = match generated {
-                    Workload::ChatLongThink => ("chat-long-think", ChatConfig::long_think(), None),
-                    Workload::PromptFlood => ("prompt-flood", ChatConfig::prompt_flood(), None),
-                    Workload::Agents => ("agents", ChatConfig::agents(), None),
-                    Workload::Multiturn => ("multiturn", ChatConfig::multiturn(), None),
-                    Workload::ChatUnderFlood => (
-                        "chat-under-flood",
-                        ChatConfig::long_think(),
-                        Some(ChatConfig::prompt_flood()),
-                    ),
-                    _ => ("chat", ChatConfig::default(), None),
-                };
+                let label = generated
+                    .to_possible_value()
+                    .expect("every workload has a name")
+                    .get_name()
+                    .to_string();
+                let mut populations =
+                    generated_workload(&label).expect("every generated workload has presets");
                 // --conversations sizes the first population; a background keeps its own.
-                let config = ChatConfig {
-                    conversations: self.conversations.unwrap_or(preset.conversations),
-                    ..preset
-                };
-                let conversations = config.conversations;
-                let populations: Vec<ChatConfig> = [config].into_iter().chain(background).collect();
+                if let Some(n) = self.conversations {
+                    populations[0].conversations = n;
+                }
+                let conversations = populations[0].conversations;
                 (
                     format!("{label}, {conversations} conversations, seed {}", self.seed),
                     generate_mix(&populations, self.seed),
@@ -249,5 +242,19 @@ impl SimulateArgs {
             ));
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_generated_workload_has_presets_in_the_library() {
+        for w in Workload::value_variants() {
+            let name = w.to_possible_value().unwrap().get_name().to_string();
+            let presets = generated_workload(&name);
+            assert_eq!(presets.is_some(), *w != Workload::Mooncake, "{name}");
+        }
     }
 }

@@ -227,6 +227,22 @@ impl ChatConfig {
     }
 }
 
+/// The populations of the built-in generated workload `name` (the names
+/// `mla-cache simulate --workload` takes: `chat`, `chat-long-think`,
+/// `prompt-flood`, `agents`, `multiturn`, `chat-under-flood`), for
+/// [`generate_mix`]; `None` for any other name.
+pub fn generated_workload(name: &str) -> Option<Vec<ChatConfig>> {
+    Some(match name {
+        "chat" => vec![ChatConfig::default()],
+        "chat-long-think" => vec![ChatConfig::long_think()],
+        "prompt-flood" => vec![ChatConfig::prompt_flood()],
+        "agents" => vec![ChatConfig::agents()],
+        "multiturn" => vec![ChatConfig::multiturn()],
+        "chat-under-flood" => vec![ChatConfig::long_think(), ChatConfig::prompt_flood()],
+        _ => return None,
+    })
+}
+
 /// Generates several populations served by one deployment at once (agents
 /// under a flood of one-off prompts, say), merged in arrival order. Each
 /// population draws from its own stream of `seed` and has blocks of its own.
@@ -248,6 +264,20 @@ pub fn generate_mix(populations: &[ChatConfig], seed: u64) -> Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_built_in_workloads_are_named_presets() {
+        assert_eq!(
+            generated_workload("agents"),
+            Some(vec![ChatConfig::agents()])
+        );
+        assert_eq!(
+            generated_workload("chat-under-flood"),
+            Some(vec![ChatConfig::long_think(), ChatConfig::prompt_flood()])
+        );
+        assert_eq!(generated_workload("mooncake"), None);
+        assert_eq!(generated_workload(""), None);
+    }
 
     fn small() -> ChatConfig {
         ChatConfig {

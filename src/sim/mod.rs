@@ -35,7 +35,7 @@ pub mod units;
 
 pub use belady::belady;
 pub use cache_model::{cache_only, CacheModelReport};
-pub use chat::{generate_mix, ChatConfig};
+pub use chat::{generate_mix, generated_workload, ChatConfig};
 pub use config::{SimConfig, SimRemoteTier};
 pub use engine::simulate;
 pub use keys::BlockKeys;
