@@ -7,7 +7,7 @@
 //! on multiturn, replayed through the block manager, `return_time` hits
 //! more than `arc` and `lru`, and in the cache-only model it closes at
 //! least 40% / 46% of the gap between LRU and the offline optimum at
-//! 8,192 / 16,384 blocks (it gives 40.2% / 46.5%); on the
+//! 8,192 / 16,384 blocks (it gives 40.1% / 46.9%); on the
 //! Mooncake trace it hits at least as much as `lru` in the cache-only
 //! model at both sizes, and through the manager at 16,384 blocks (at 8,192
 //! it does not: docs/eviction.md). Release build: some seconds.

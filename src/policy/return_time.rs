@@ -21,7 +21,7 @@
 //!
 //!   evict, in this order:
 //!     1. the least recently used block, if it is older than the return
-//!        horizon (learned: 1.5 x the 95th percentile of return ages)
+//!        horizon (learned: 1.5 x the 92nd percentile of return ages)
 //!     2. from the first non-empty class of
 //!          cold 15 turns .. cold 0 turns, warm 15 .. warm 0, shared
 //!        while cold blocks rarely return near (see below), else of
@@ -91,13 +91,13 @@ const SHARED_HITS: u8 = 16;
 /// How the return ages (in requests) are learned: 128 buckets (ages from
 /// 245,760 on count as one), rebuilt every 1,024 returns, halved past
 /// 65,536 (recent traffic weighs more); the horizon
-/// is 1.5 x their 95th percentile. Ages past it are still seen (stores of
+/// is 1.5 x their 92nd percentile. Ages past it are still seen (stores of
 /// evicted hashes), so it does not shrink itself.
 const LEARNING: Learning = Learning {
     buckets: 128,
     relearn_period: 1024,
     window: 1 << 16,
-    percentile: 95,
+    percentile: 92,
 };
 
 /// The class of a block last used by a request of this kind.
