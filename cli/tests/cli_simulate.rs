@@ -445,6 +445,26 @@ fn arc_beats_lru_on_returning_chats_under_a_flood_of_one_offs() {
     assert!(arc * 5 > lru * 6, "arc {arc} vs lru {lru} hit tokens");
 }
 
+#[test]
+fn conversations_size_the_chats_and_leave_the_background_flood_alone() {
+    let r = json(&[
+        "simulate",
+        "--workload",
+        "chat-under-flood",
+        "--conversations",
+        "30",
+        "--blocks",
+        "4096",
+        "--json",
+    ]);
+    // 2,000 one-off documents, and 30 conversations of 3 to 12 turns.
+    let requests = r["requests"].as_u64().unwrap();
+    assert!(
+        (2_000 + 30 * 3..=2_000 + 30 * 12).contains(&requests),
+        "{requests}"
+    );
+}
+
 /// Prompt-token hit tokens of `workload` through `blocks` blocks under `policy`.
 fn replay_hits(workload: &str, blocks: &str, policy: &str) -> u64 {
     let r = json(&[

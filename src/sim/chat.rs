@@ -267,14 +267,30 @@ mod tests {
 
     #[test]
     fn the_built_in_workloads_are_named_presets() {
-        assert_eq!(
-            generated_workload("agents"),
-            Some(vec![ChatConfig::agents()])
-        );
-        assert_eq!(
-            generated_workload("chat-under-flood"),
-            Some(vec![ChatConfig::long_think(), ChatConfig::prompt_flood()])
-        );
+        let presets = [
+            ("chat", vec![ChatConfig::default()]),
+            ("chat-long-think", vec![ChatConfig::long_think()]),
+            ("prompt-flood", vec![ChatConfig::prompt_flood()]),
+            ("agents", vec![ChatConfig::agents()]),
+            ("multiturn", vec![ChatConfig::multiturn()]),
+            (
+                "chat-under-flood",
+                vec![ChatConfig::long_think(), ChatConfig::prompt_flood()],
+            ),
+        ];
+        for (name, populations) in &presets {
+            assert_eq!(
+                generated_workload(name).as_ref(),
+                Some(populations),
+                "{name}"
+            );
+        }
+        // No two presets are alike, so a name mapped to another's shows.
+        for (i, (a, x)) in presets.iter().enumerate() {
+            for (b, y) in &presets[i + 1..] {
+                assert_ne!(x, y, "{a} and {b}");
+            }
+        }
         assert_eq!(generated_workload("mooncake"), None);
         assert_eq!(generated_workload(""), None);
     }
