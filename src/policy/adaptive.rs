@@ -14,7 +14,9 @@
 //! Both rules classify every block all the time (see [`OnceReused`]): a
 //! switch changes only which of the lists gives the next victim, and finds
 //! the new rule's classes up to date, so following a narrow lead that turns
-//! out wrong costs only the victims chosen meanwhile.
+//! out wrong costs only the victims chosen meanwhile, and the residents a
+//! spell under ARC evicted, which residency rebuilds at once when it comes
+//! back.
 //!
 //! Under residency the real cache keeps what ARC would keep longest where
 //! residency is indifferent ([`ResidencyOrder::SpareReused`]; the residency
