@@ -877,8 +877,7 @@ mod tests {
         assert_eq!(p.kept(), 8);
         p.set_rule(Rule::Arc);
         for _ in 0..6 {
-            let b = p.evict().unwrap();
-            p.forget(b);
+            p.evict().unwrap();
         }
         assert_eq!(p.kept(), 2);
         assert_eq!(cold(&mut p), Retention::Probation, "no rebuild under ARC");
