@@ -237,11 +237,10 @@ pub(crate) struct OnceReused {
     rule: Rule,
     /// Requests admitted with less than half their prompt cached.
     cold_requests: u64,
-    /// Blocks kept when the last spell under ARC began, and, after it,
-    /// how many must be kept again before cold requests go back on
-    /// probation (0: none).
+    /// Blocks kept when the last spell under ARC began: back under
+    /// residency, cold requests keep their blocks until as many are kept
+    /// again (0: nothing to rebuild).
     kept_before_arc: usize,
-    kept_floor: usize,
     /// Residency's order after the stale blocks.
     residency_order: ResidencyOrder,
     /// Return ages of kept witnesses (in releases), and the horizon past
@@ -264,7 +263,6 @@ impl OnceReused {
             rule,
             cold_requests: 0,
             kept_before_arc: 0,
-            kept_floor: 0,
             residency_order: ResidencyOrder::Plain,
             returns: ReturnAges::new(WITNESS_RETURNS),
             victim_ghosts: Vec::new(),
@@ -308,13 +306,8 @@ impl OnceReused {
     /// until as many blocks are kept as when the spell began (see the
     /// module docs).
     pub(crate) fn set_rule(&mut self, rule: Rule) {
-        match (self.rule, rule) {
-            (Rule::Residency, Rule::Arc) => {
-                self.kept_before_arc = self.kept();
-                self.kept_floor = 0;
-            }
-            (Rule::Arc, Rule::Residency) => self.kept_floor = self.kept_before_arc,
-            _ => {}
+        if (self.rule, rule) == (Rule::Residency, Rule::Arc) {
+            self.kept_before_arc = self.kept();
         }
         self.rule = rule;
     }
@@ -424,11 +417,11 @@ impl EvictionPolicy for OnceReused {
             return Retention::Keep;
         }
         self.cold_requests += 1;
-        if self.kept_floor > 0 {
-            if self.kept() < self.kept_floor {
+        if self.rule == Rule::Residency && self.kept_before_arc > 0 {
+            if self.kept() < self.kept_before_arc {
                 return Retention::Keep;
             }
-            self.kept_floor = 0;
+            self.kept_before_arc = 0;
         }
         if self.cold_requests % COLD_ADMISSION_PERIOD == 0 {
             Retention::Keep
