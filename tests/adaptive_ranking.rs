@@ -15,7 +15,8 @@
 //! multiturn at 16,384 blocks, 6.5% below ARC on the Mooncake trace).
 
 use mla_cache::sim::{
-    simulate, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest, MOONCAKE_SYNTHETIC_TRACE,
+    generate_mix, simulate, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest,
+    MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::EvictionPolicyKind;
 
@@ -137,13 +138,27 @@ fn adaptive_follows_arc_on_the_mooncake_trace_at_two_sizes() {
 }
 
 /// On the Mooncake trace at 8,192 and 11,585 blocks the residency shadow
-/// leads for spells (early in the trace, and around its 2,400th request at
-/// 11,585 blocks) while the later requests come back to what ARC keeps: the
-/// real cache leaves ARC only on a lead of six standard deviations. With
-/// one, the worst of ten hash seeds (one of seeds 0 to 3) ended 3.5% below
-/// ARC at 11,585 blocks, a spread of 4.3%; before any margin, ten seeds at
-/// 8,192 blocks ended 3.2% below ARC (a spread of 4.5%).
+/// leads for spells (early in the trace, and in bursts right after the
+/// real cache follows ARC) while the later requests come back to what ARC
+/// keeps: the real cache leaves ARC only on a lead of ten standard
+/// deviations. With six, four hash seeds in ten (seeds 0 and 2 among them)
+/// ended 3.6% below ARC at 11,585 blocks; with one, before the shadows
+/// judged requests on their sampled blocks' places, 3.5% below.
 #[test]
 fn adaptive_follows_arc_on_the_mooncake_trace_where_residency_leads_for_spells() {
     adaptive_follows_the_better_rule(&mooncake(), &[8192, 11_585], "arc");
+}
+
+/// The long-think chats beside a flood of one-off documents, at 65,535
+/// blocks: while the documents flood the cache and before the chats first
+/// come back, ARC's shadow hits about as much as residency's, and a switch
+/// to ARC costs the residents the rest of the run needs. When the shadows
+/// judged a request warm on half of its sampled blocks (a handful per
+/// prompt), ARC's shadow led for a spell of some 9,000 requests, and ten
+/// hash seeds ended 3% to 9% below residency.
+#[test]
+fn adaptive_follows_residency_on_chats_under_a_flood_of_one_off_documents() {
+    let populations = [ChatConfig::long_think(), ChatConfig::prompt_flood()];
+    let trace = generate_mix(&populations, 0);
+    adaptive_follows_the_better_rule(&trace.requests, &[65_535], "residency");
 }

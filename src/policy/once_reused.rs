@@ -84,8 +84,10 @@
 //! spell began (then the rule is as it was): the cache refills its
 //! residents from the sessions that come next, as it first filled them.
 //! On `chat-under-flood` at 65,535 blocks, whose flood of one-off documents
-//! sends [`super::Adaptive`] to ARC for a while, this brings ten hash
-//! seeds from 33.3%-34.8% to 34.1%-36.2% (residency alone 37.5%).
+//! sent [`super::Adaptive`] to ARC for a while, this brought ten hash
+//! seeds from 33.3%-34.8% to 34.1%-36.2% (residency alone 37.5%; since
+//! the shadows' judgement of docs/eviction.md's tenth round, `adaptive`
+//! stays under residency there).
 //!
 //! A variant of residency's order after the stale blocks, for the real
 //! cache of [`super::Adaptive`] ([`OnceReused::set_residency_order`]; see
@@ -269,6 +271,39 @@ impl OnceReused {
         })
     }
 
+    /// [`EvictionPolicy::on_request`] with the request already judged:
+    /// `warm` when at least half its prompt was cached. A shadow cache
+    /// that sees a sample of the prompt's blocks judges it on their
+    /// places in the whole prompt ([`super::Adaptive`]).
+    pub(crate) fn on_judged_request(
+        &mut self,
+        hashes: &[BlockHash],
+        hit: usize,
+        warm: bool,
+    ) -> Retention {
+        // The blocks past the hit are about to be stored: load their ghost
+        // buckets all at once rather than one miss at a time.
+        for &h in &hashes[hit.min(hashes.len())..] {
+            self.ghosts.load(fingerprint(h));
+        }
+        if warm {
+            return Retention::Keep;
+        }
+        // Counted under every rule, so a switch finds the count going.
+        self.cold_requests += 1;
+        if self.rule == Rule::Residency && self.kept_before_arc > 0 {
+            if self.kept() < self.kept_before_arc {
+                return Retention::Keep;
+            }
+            self.kept_before_arc = 0;
+        }
+        if self.cold_requests % COLD_ADMISSION_PERIOD == 0 {
+            Retention::Keep
+        } else {
+            Retention::Probation
+        }
+    }
+
     /// How residency orders its victims after the stale ones (see the
     /// module docs); ARC's order is the same in every case.
     pub(crate) fn set_residency_order(&mut self, order: ResidencyOrder) {
@@ -313,7 +348,7 @@ impl OnceReused {
     }
 
     /// Evictable blocks residency keeps (witnesses included).
-    fn kept(&self) -> usize {
+    pub(crate) fn kept(&self) -> usize {
         KEPT_LISTS.iter().map(|&l| self.lists.len(l)).sum()
     }
 
@@ -406,28 +441,8 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn on_request(&mut self, hashes: &[BlockHash], hit: usize) -> Retention {
-        // The blocks past the hit are about to be stored: load their ghost
-        // buckets all at once rather than one miss at a time.
-        for &h in &hashes[hit.min(hashes.len())..] {
-            self.ghosts.load(fingerprint(h));
-        }
-        // Counted under every rule, so a switch finds the count going. A
-        // prompt without a full block has nothing to be judged by: warm.
-        if 2 * hit >= hashes.len() {
-            return Retention::Keep;
-        }
-        self.cold_requests += 1;
-        if self.rule == Rule::Residency && self.kept_before_arc > 0 {
-            if self.kept() < self.kept_before_arc {
-                return Retention::Keep;
-            }
-            self.kept_before_arc = 0;
-        }
-        if self.cold_requests % COLD_ADMISSION_PERIOD == 0 {
-            Retention::Keep
-        } else {
-            Retention::Probation
-        }
+        // A prompt without a full block has nothing to be judged by: warm.
+        self.on_judged_request(hashes, hit, 2 * hit >= hashes.len())
     }
 
     fn on_store(
