@@ -1,22 +1,26 @@
 //! `adaptive` against its candidate rules, replayed through the block
-//! manager (release build: a minute or two on two cores), on the two workloads where the
-//! better rule differs: `multiturn` (long conversations over shared system
-//! prompts whose next turn returns after about one turnover of the cache:
-//! residency wins) and the Mooncake trace (little looping: ARC wins). See
-//! docs/eviction.md for the figures over ten hash seeds
+//! manager (release build: a minute or two on two cores), on three
+//! workloads where the better rule differs: `multiturn` (long conversations
+//! over shared system prompts whose next turn returns after about one
+//! turnover of the cache: residency wins), the Mooncake trace (little
+//! looping: ARC wins) and `chat-under-flood` at 65,535 blocks (chats that
+//! return after minutes beside a flood of one-off documents: residency
+//! wins, while the flood makes ARC's shadow hit about as much for a
+//! while). See docs/eviction.md for the figures over ten hash seeds
 //! (`cargo run --release --example duel_seeds`).
 //!
-//! Pinned for the workload's seed 0 at two cache sizes per workload, with
-//! `adaptive` replayed for hash seeds 0 to 3 (its shadows sample blocks by
-//! hash): on every seed within 2% (relative) of the better of `arc` and
-//! `residency` and never below `lru`, and its spread over the seeds
-//! ((max - min) / max) under 2%. The duel before both rules shared their
-//! classes missed on seeds 0 to 3 already (2.8% below residency on
-//! multiturn at 16,384 blocks, 6.5% below ARC on the Mooncake trace).
+//! Pinned for the workload's seed 0 (two cache sizes per workload, one
+//! for `chat-under-flood`), with `adaptive` replayed for hash seeds 0 to 3
+//! (its shadows sample blocks by hash): on every seed within 2% (relative)
+//! of the better of `arc` and `residency` and never below `lru`, and its
+//! spread over the seeds ((max - min) / max) under 2%. The duel before
+//! both rules shared their classes missed on seeds 0 to 3 already (2.8%
+//! below residency on multiturn at 16,384 blocks, 6.5% below ARC on the
+//! Mooncake trace).
 
 use mla_cache::sim::{
-    generate_mix, simulate, ChatConfig, OnMalformed, SimConfig, Trace, TraceRequest,
-    MOONCAKE_SYNTHETIC_TRACE,
+    generate_mix, generated_workload, simulate, ChatConfig, OnMalformed, SimConfig, Trace,
+    TraceRequest, MOONCAKE_SYNTHETIC_TRACE,
 };
 use mla_cache::EvictionPolicyKind;
 
@@ -158,7 +162,7 @@ fn adaptive_follows_arc_on_the_mooncake_trace_where_residency_leads_for_spells()
 /// hash seeds ended 3% to 9% below residency.
 #[test]
 fn adaptive_follows_residency_on_chats_under_a_flood_of_one_off_documents() {
-    let populations = [ChatConfig::long_think(), ChatConfig::prompt_flood()];
+    let populations = generated_workload("chat-under-flood").expect("a built-in workload");
     let trace = generate_mix(&populations, 0);
     adaptive_follows_the_better_rule(&trace.requests, &[65_535], "residency");
 }

@@ -37,8 +37,8 @@
 //! hits to ARC's 14, 6.2 deviations; with six, four hash seeds in ten go
 //! back to residency and end 3.6% below ARC, with seven one does, with
 //! eight or ten none; residency on its own traffic leads by far more
-//! (looping sessions: the
-//! same figures with either). The start is residency's because, until the
+//! (looping sessions: the same figures with one deviation or ten). The
+//! start is residency's because, until the
 //! shadows differ, residency's victims (blocks of cold requests, in release
 //! order) are the ones both rules agree on first: looping traffic ties the
 //! shadows for its first turnover or so (nothing has come back yet), and
@@ -105,9 +105,9 @@ fn key(hash: &BlockHash) -> u64 {
 /// sampled block in the first half of the prompt is missing, where the
 /// rule asks for half of the prompt cached: the unsampled blocks before
 /// the first missing sampled one get the benefit of the doubt, so the
-/// shadow keeps more requests than the rule would (a prompt of 24 blocks,
-/// none cached, has no sampled block in its first half about one time in
-/// two). Chosen by measurement, not derived (docs/eviction.md, the tenth
+/// shadow keeps more requests than the rule would (at 1 in 16, a prompt
+/// of 24 blocks, none cached, that has a sampled block at all has none in
+/// its first half about one time in three). Chosen by measurement, not derived (docs/eviction.md, the tenth
 /// round): counting half of the sampled blocks, or judging on the middle
 /// of the range the cached run may end in, keeps about as many requests as
 /// the rule, but sends the duel to ARC where residency wins.
@@ -147,6 +147,7 @@ impl Shadow {
     /// a prompt of `prompt_len` blocks): hits, then stores, then releases
     /// all of them tail first, as the manager does.
     fn serve(&mut self, hashes: &[BlockHash], places: &[usize], prompt_len: usize) {
+        debug_assert_eq!(hashes.len(), places.len());
         let hit = hashes
             .iter()
             .take_while(|h| self.block_of.contains_key(&key(h)))

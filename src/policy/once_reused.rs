@@ -237,7 +237,8 @@ pub(crate) struct OnceReused {
     target: usize,
     capacity: usize,
     rule: Rule,
-    /// Requests admitted with less than half their prompt cached.
+    /// Requests admitted as cold (less than half their prompt cached, or
+    /// so judged by a shadow cache).
     cold_requests: u64,
     /// Blocks kept when the last spell under ARC began: back under
     /// residency, cold requests keep their blocks until as many are kept
@@ -271,10 +272,10 @@ impl OnceReused {
         })
     }
 
-    /// [`EvictionPolicy::on_request`] with the request already judged:
-    /// `warm` when at least half its prompt was cached. A shadow cache
-    /// that sees a sample of the prompt's blocks judges it on their
-    /// places in the whole prompt ([`super::Adaptive`]).
+    /// [`EvictionPolicy::on_request`] with the request already judged
+    /// `warm` or cold: the rule's own test is at least half the prompt
+    /// cached; a shadow cache, which sees a sample of the prompt's blocks,
+    /// passes its estimate ([`super::Adaptive`]).
     pub(crate) fn on_judged_request(
         &mut self,
         hashes: &[BlockHash],
