@@ -37,14 +37,14 @@
 //! hits to ARC's 14, 6.2 deviations; with six, four hash seeds in ten go
 //! back to residency and end 3.6% below ARC, with seven one does, with
 //! eight or ten none; residency on its own traffic leads by far more
-//! (looping sessions: the same figures with one deviation or ten). The
-//! start is residency's because, until the
-//! shadows differ, residency's victims (blocks of cold requests, in release
-//! order) are the ones both rules agree on first: looping traffic ties the
-//! shadows for its first turnover or so (nothing has come back yet), and
-//! time lost under ARC there is what residency cannot rebuild quickly (its
-//! residents), while traffic that favours ARC shows it within a few hundred
-//! requests.
+//! (multiturn: the same figures with six deviations or ten).
+//!
+//! The start is residency's because, until the shadows differ, residency's
+//! victims (blocks of cold requests, in release order) are the ones both
+//! rules agree on first: looping traffic ties the shadows for its first
+//! turnover or so (nothing has come back yet), and time lost under ARC
+//! there is what residency cannot rebuild quickly (its residents), while
+//! traffic that favours ARC shows it within a few hundred requests.
 //!
 //! Sampling by hash (SHARDS, Waldspurger et al., FAST'15) keeps each
 //! sampled block's whole history, so a shadow of `1/rate` of the cache sees
@@ -107,10 +107,11 @@ fn key(hash: &BlockHash) -> u64 {
 /// the first missing sampled one get the benefit of the doubt, so the
 /// shadow keeps more requests than the rule would (at 1 in 16, a prompt
 /// of 24 blocks, none cached, that has a sampled block at all has none in
-/// its first half about one time in three). Chosen by measurement, not derived (docs/eviction.md, the tenth
-/// round): counting half of the sampled blocks, or judging on the middle
-/// of the range the cached run may end in, keeps about as many requests as
-/// the rule, but sends the duel to ARC where residency wins.
+/// its first half about one time in three). Chosen by measurement, not
+/// derived (docs/eviction.md, the tenth round): counting half of the
+/// sampled blocks, or judging on the middle of the range the cached run
+/// may end in, keeps about as many requests as the rule, but sends the
+/// duel to ARC where residency wins.
 fn warm(places: &[usize], hit: usize, prompt_len: usize) -> bool {
     let first_miss = places.get(hit).copied().unwrap_or(prompt_len);
     2 * first_miss >= prompt_len
