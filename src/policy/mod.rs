@@ -34,6 +34,7 @@ mod near_returns;
 mod once_reused;
 mod return_ages;
 mod return_time;
+mod turn_density;
 
 use std::fmt;
 

@@ -14,7 +14,7 @@
 pub(super) const AGE_BUCKETS: usize = 240;
 
 /// The age bucket of `age`.
-fn bucket_of(age: u32) -> usize {
+pub(super) fn bucket_of(age: u32) -> usize {
     if age < 8 {
         return age as usize;
     }
@@ -24,7 +24,7 @@ fn bucket_of(age: u32) -> usize {
 }
 
 /// The largest age in bucket `b`.
-fn bucket_end(b: usize) -> u64 {
+pub(super) fn bucket_end(b: usize) -> u64 {
     if b < 8 {
         return b as u64;
     }

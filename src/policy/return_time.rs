@@ -22,15 +22,17 @@
 //!   evict, in this order:
 //!     1. the least recently used block, if it is older than the return
 //!        horizon (learned: 1.5 x the 92nd percentile of return ages)
-//!     2. from the first non-empty class of
+//!     2. while cold blocks rarely return near (see below): from the
+//!        first non-empty class of
 //!          cold 15 turns .. cold 0 turns, warm 15 .. warm 0, shared
-//!        while cold blocks rarely return near (see below), else of
-//!          (cold or warm, the older head) 15 turns .. 0 turns, shared
 //!        the oldest group or the youngest group (a group: the blocks one
 //!        request released together), whichever is expected back later
-//!        (learned remaining time to return at its age); tail first.
-//!        In the second order cold and warm blocks of a turn are one pool:
-//!        its oldest head and its youngest group; ties go to the cold one
+//!        (learned remaining time to return at its age); tail first
+//!     3. else cold and warm blocks of a turn count are one pool (its
+//!        oldest head and its youngest group; ties go to the cold one):
+//!        of every pool, the end expected back later; of those, the one
+//!        whose turn count brings the fewest returns per request kept at
+//!        its age (learned hit density), ties to more turns; shared last
 //! ```
 //!
 //! Why: on traffic whose sessions come back after the cache turns over (a
@@ -46,7 +48,12 @@
 //! their own than the cache holds: LRU would still have them) five times
 //! less often than warm ones ([`NearReturns`]): where prefixes are forked
 //! soon after they are first stored, cold-first evicts the very blocks LRU
-//! keeps and hits with.
+//! keeps and hits with. In that case which turn count gives up the victim
+//! is learned as well ([`TurnDensity`]): "more turns first" is a guess
+//! about conversations, and a chain with many turns may still come back
+//! sooner than a prompt with none (on large caches, and on the Mooncake
+//! trace, whose forks are miscounted as turns when the branch they fork
+//! from was evicted).
 //!
 //! Children before parents: a released path's blocks share one turn count,
 //! and a child is cold only if its parent is or was never hit (a hit on the
@@ -57,21 +64,26 @@
 //! so a group's first block is its deepest. A block is evicted before its
 //! child only when a later request used the parent without the child (a
 //! fork, or a system prompt in its first 16 uses): the parent is then
-//! younger, and may be the young end picked.
+//! younger, and may be the young end picked, or it kept fewer turns than
+//! the child (a path's turns stop at a block with two cached children), and
+//! in the third order its turn count may be the less dense.
 //!
 //! Costs: O(1) per call (`on_request`: O(1) per uncached block, whose
 //! ghost entries it prefetches): a block moves between intrusive lists; eviction
 //! reads the heads of the non-empty classes (a 64-bit mask finds them, at
-//! most 33) and two candidates of one class; every 1,024 returns the
-//! age tables are rebuilt. Memory: a 64-byte record per block
+//! most 33) and two candidates of one class, or of each of the (at most
+//! 16) turn counts listed in the third order; every 1,024 returns the
+//! age and density tables are rebuilt. Memory: a 64-byte record per block
 //! (one cache line per block touched) and 8 bytes of groups, and the ghost
-//! table, 16 bytes per entry (one cache line per look-up, fetched ahead
+//! table, 16 bytes per entry (its tag, last use, release stamp and turn
+//! count; one cache line per look-up, fetched ahead
 //! when the request is admitted), two entries per block rounded up to a
 //! power of two: 104 to 136 bytes per block. Shared blocks' returns do
 //! not teach the age tables (they still count as near returns).
 
 use super::near_returns::NearReturns;
 use super::return_ages::{Learning, ReturnAges};
+use super::turn_density::TurnDensity;
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -126,14 +138,18 @@ struct Ghosts {
     mask: usize,
 }
 
-/// One slot of [`Ghosts`]: its tag and last use, and its release stamp, in
-/// one cache line.
+/// One slot of [`Ghosts`]: its tag and last use, its release stamp and
+/// turn count, in one cache line.
 #[derive(Debug, Clone, Copy)]
 struct Ghost {
     /// The tag (32 bits, never 0: 0 is an empty slot) and the last use.
     key: u64,
     stamp: Stamp,
+    /// Its turn count when evicted; `TURNS` for a shared block.
+    turns: u8,
 }
+
+const _: () = assert!(size_of::<Ghost>() == 16);
 
 impl Ghosts {
     fn new(num_blocks: usize) -> Result<Self> {
@@ -141,6 +157,7 @@ impl Ghosts {
         let empty = Ghost {
             key: 0,
             stamp: Stamp(0),
+            turns: 0,
         };
         Ok(Self {
             entries: filled(len, empty, "the policy's ghost table")?,
@@ -162,24 +179,25 @@ impl Ghosts {
         prefetch_line((&raw const self.entries[self.slot(fp)]).cast());
     }
 
-    /// Remembers that `fp`, last used at `clock` and released as `stamp`
-    /// says, was evicted.
-    fn push(&mut self, fp: u64, clock: u32, stamp: Stamp) {
+    /// Remembers that `fp`, last used at `clock`, released as `stamp` says
+    /// and with `turns` turns, was evicted.
+    fn push(&mut self, fp: u64, clock: u32, stamp: Stamp, turns: u8) {
         let slot = self.slot(fp);
         self.entries[slot] = Ghost {
             key: Self::tag(fp) << 32 | u64::from(clock),
             stamp,
+            turns,
         };
     }
 
-    /// When `fp` was last used and its stamp, if it is remembered (and
-    /// forgets it).
-    fn take(&mut self, fp: u64) -> Option<(u32, Stamp)> {
+    /// When `fp` was last used, its stamp and turns, if it is remembered
+    /// (and forgets it).
+    fn take(&mut self, fp: u64) -> Option<(u32, Stamp, u8)> {
         let slot = self.slot(fp);
         let e = self.entries[slot];
         (e.key >> 32 == Self::tag(fp)).then(|| {
             self.entries[slot].key = 0;
-            (e.key as u32, e.stamp)
+            (e.key as u32, e.stamp, e.turns)
         })
     }
 }
@@ -308,6 +326,9 @@ pub(crate) struct ReturnTime {
     /// Whether the path being released is one chain so far (no block of
     /// it had another cached child): its blocks keep its turns.
     last_chain: bool,
+    /// Returns per request kept, by turn count and age: which turn count
+    /// gives up the victim while cold blocks do not go first.
+    density: TurnDensity,
 }
 
 impl ReturnTime {
@@ -331,6 +352,7 @@ impl ReturnTime {
             last_released: NIL,
             last_turns: 0,
             last_chain: true,
+            density: TurnDensity::new(TURNS),
         })
     }
 
@@ -356,6 +378,9 @@ impl ReturnTime {
         self.releases = self.releases.wrapping_add(1);
         self.blocks[i].stamp = Stamp::new(self.blocks[i].cold, self.releases);
         self.near.released(self.blocks[i].cold);
+        if c != SHARED {
+            self.density.released(c % TURNS);
+        }
         let t = self.tail[c];
         let g = if t != NIL && self.blocks[t as usize].released_at == self.clock {
             self.blocks[t as usize].group
@@ -463,22 +488,29 @@ impl ReturnTime {
         if age > self.ages.horizon() {
             return Some(oldest);
         }
-        let (old, young) = if cold_first {
-            let c = usize::from(
-                *self
-                    .order
-                    .iter()
-                    .find(|&&c| self.nonempty & (1 << c) != 0)?,
-            );
-            if c == SHARED {
-                return Some(self.head[c]);
-            }
-            (self.head[c], self.youngest_group(c))
+        if !cold_first {
+            return self.merged_victim();
+        }
+        let c = usize::from(
+            *self
+                .order
+                .iter()
+                .find(|&&c| self.nonempty & (1 << c) != 0)?,
+        );
+        if c == SHARED {
+            return Some(self.head[c]);
+        }
+        Some(self.back_later(self.head[c], self.youngest_group(c)))
+    }
+
+    /// Of a class's (or pool's) oldest block and its youngest group's
+    /// first, the one expected back later (learned remaining time).
+    fn back_later(&self, old: BlockId, young: BlockId) -> BlockId {
+        if self.ages.remaining(self.age(young)) > self.ages.remaining(self.age(old)) {
+            young
         } else {
-            self.merged_ends()?
-        };
-        let later = self.ages.remaining(self.age(young)) > self.ages.remaining(self.age(old));
-        Some(if later { young } else { old })
+            old
+        }
     }
 
     /// The first (deepest) block of class `c`'s youngest group.
@@ -486,22 +518,45 @@ impl ReturnTime {
         self.group_first[self.blocks[self.tail[c] as usize].group as usize]
     }
 
-    /// The two ends to evict from when cold and warm blocks of a turn count
-    /// alike: of the most turns listed, cold and warm as one pool, its
-    /// oldest head and its youngest group's first block, ties going to the
-    /// cold class (a cold child's parent may be warm, released with it);
-    /// the shared class's head once no other is listed. Called with a
-    /// block listed.
-    fn merged_ends(&self) -> Option<(BlockId, BlockId)> {
+    /// The victim when cold and warm blocks of a turn count alike: of each
+    /// turn count listed (cold and warm as one pool), the end expected back
+    /// later; of those, the one whose turn count brings the fewest returns
+    /// per request kept at its age ([`TurnDensity`]), ties going to more
+    /// turns; the shared class's head once no other is listed.
+    fn merged_victim(&self) -> Option<BlockId> {
         let listed = self.nonempty;
-        let turns = (listed | listed >> TURNS) & ((1 << TURNS) - 1);
+        let mut turns = (listed | listed >> TURNS) & ((1 << TURNS) - 1);
         if turns == 0 {
             let b = self.head[SHARED];
-            return (b != NIL).then_some((b, b));
+            return (b != NIL).then_some(b);
         }
-        let t = (u64::BITS - 1 - turns.leading_zeros()) as u8;
+        if turns.is_power_of_two() {
+            let (old, young) = self.pool_ends(turns.trailing_zeros() as u8);
+            return Some(self.back_later(old, young));
+        }
+        let mut victim: Option<(f32, BlockId)> = None;
+        // Fewest turns first, so a tie goes to the later.
+        while turns != 0 {
+            let t = turns.trailing_zeros() as u8;
+            turns &= turns - 1;
+            let (old, young) = self.pool_ends(t);
+            let b = self.back_later(old, young);
+            let density = self.density.density(usize::from(t), self.age(b));
+            if victim.is_none_or(|(least, _)| density <= least) {
+                victim = Some((density, b));
+            }
+        }
+        victim.map(|(_, b)| b)
+    }
+
+    /// The two ends of the pool of blocks with `t` turns, cold and warm
+    /// alike: its oldest head and its youngest group's first block, ties
+    /// going to the cold class (a cold child's parent may be warm, released
+    /// with it). Called with a block of `t` turns listed.
+    fn pool_ends(&self, t: u8) -> (BlockId, BlockId) {
+        let listed = self.nonempty;
         let (cold, warm) = (class_of(true, t), class_of(false, t));
-        Some(match (listed >> cold & 1 != 0, listed >> warm & 1 != 0) {
+        match (listed >> cold & 1 != 0, listed >> warm & 1 != 0) {
             (true, true) => {
                 let (hc, hw) = (self.head[cold], self.head[warm]);
                 let old = if self.age(hw) > self.age(hc) { hw } else { hc };
@@ -511,7 +566,7 @@ impl ReturnTime {
             }
             (true, false) => (self.head[cold], self.youngest_group(cold)),
             _ => (self.head[warm], self.youngest_group(warm)),
-        })
+        }
     }
 }
 
@@ -553,8 +608,12 @@ impl EvictionPolicy for ReturnTime {
     ) {
         let i = block as usize;
         let fp = fingerprint(hash);
-        if let Some((last_use, stamp)) = self.ghosts.take(fp) {
-            self.ages.record(self.clock.wrapping_sub(last_use));
+        if let Some((last_use, stamp, turns)) = self.ghosts.take(fp) {
+            let age = self.clock.wrapping_sub(last_use);
+            self.ages.record(age);
+            if usize::from(turns) < TURNS {
+                self.density.returned(usize::from(turns), age);
+            }
             self.returned(stamp);
         }
         self.stores = self.stores.wrapping_add(1);
@@ -638,10 +697,15 @@ impl EvictionPolicy for ReturnTime {
         }
         self.orphan(b);
         self.near.on_evict();
+        let turns = match usize::from(self.blocks[i].class) {
+            SHARED => TURNS,
+            c => c % TURNS,
+        };
         self.ghosts.push(
             self.blocks[i].fingerprint,
             self.blocks[i].released_at,
             self.blocks[i].stamp,
+            turns as u8,
         );
         Some(b)
     }
@@ -653,8 +717,10 @@ impl EvictionPolicy for ReturnTime {
             // A shared block's returns do not teach the age tables: its
             // frequent returns would teach the other classes' young-or-old
             // choice, and the horizon, ages that are not theirs.
-            if self.blocks[i].hits < SHARED_HITS {
+            let class = usize::from(self.blocks[i].class);
+            if class != SHARED {
                 self.ages.record(age);
+                self.density.returned(class % TURNS, age);
             }
             self.returned(self.blocks[i].stamp);
         }
@@ -751,6 +817,17 @@ mod tests {
         assert_eq!((p.evict(), p.evict(), p.evict()), (Some(1), Some(0), None));
     }
 
+    /// Teaches `p` that cold blocks come back near and warm ones never:
+    /// cold and warm blocks of a turn count are one pool.
+    fn cold_returns_near(p: &mut ReturnTime) {
+        p.near.on_evict();
+        for _ in 0..10 {
+            p.near.released(true);
+            p.near.returned(true, 0);
+            p.near.released(false);
+        }
+    }
+
     #[test]
     fn cold_blocks_go_first_only_while_they_rarely_return_near() {
         let setup = |p: &mut ReturnTime| {
@@ -769,12 +846,7 @@ mod tests {
         // Cold blocks came back soon after their release, warm ones never:
         // cold and warm blocks of a turn count alike, oldest first.
         let mut p = ReturnTime::new(8).unwrap();
-        p.near.on_evict();
-        for _ in 0..10 {
-            p.near.released(true);
-            p.near.returned(true, 0);
-            p.near.released(false);
-        }
+        cold_returns_near(&mut p);
         setup(&mut p);
         assert_eq!((p.evict(), p.evict()), (Some(0), Some(1)));
     }
@@ -886,6 +958,39 @@ mod tests {
         // the twice-extended chain before the newer one.
         let order: Vec<BlockId> = std::iter::from_fn(|| p.evict()).collect();
         assert_eq!(order, [2, 1, 0, 4, 3]);
+    }
+
+    #[test]
+    fn while_cold_goes_with_warm_the_turn_count_that_returns_least_goes_first() {
+        let run = |teach: bool| {
+            let mut p = ReturnTime::new(16).unwrap();
+            cold_returns_near(&mut p);
+            if teach {
+                // Blocks with 2 turns come back 10 requests after their
+                // release, blocks with none never.
+                for _ in 0..2000 {
+                    p.density.released(0);
+                    p.density.released(2);
+                }
+                for _ in 0..1024 {
+                    p.density.returned(2, 10);
+                }
+            }
+            let mut free: Vec<BlockId> = (0..16).collect();
+            let chain: Vec<(BlockHash, BlockId)> = hashes(0, 3).into_iter().zip(0..3).collect();
+            request(&mut p, &chain[..1], 0, &mut free);
+            request(&mut p, &chain[..2], 1, &mut free);
+            request(&mut p, &chain, 2, &mut free);
+            let one_off: Vec<(BlockHash, BlockId)> = hashes(100, 2).into_iter().zip(3..5).collect();
+            request(&mut p, &one_off, 0, &mut free);
+            assert!(!p.near.cold_first());
+            std::iter::from_fn(|| p.evict()).collect::<Vec<_>>()
+        };
+        // Before anything is learned, more turns go first.
+        assert_eq!(run(false), [2, 1, 0, 4, 3]);
+        // Once learned, the blocks that never come back go first, although
+        // they have fewer turns and were released later.
+        assert_eq!(run(true), [4, 3, 2, 1, 0]);
     }
 
     #[test]

@@ -1,0 +1,195 @@
+//! Turn density: how many returns a block with a given turn count brings per
+//! request it stays evictable, at each age, learned online. `return_time`
+//! uses it to pick which turn count gives up the next victim when cold
+//! blocks do not go first.
+//!
+//! ```text
+//!   release of a block with t turns                        ──▶ released[t] += 1
+//!   its return at age a (a hit, or a store of its evicted hash) ──▶ returns[t][bucket(a)] += 1
+//!   every 1,024 returns, per turn count t and age bucket b:
+//!     density[t][b] = P(back after b) / mean wait, from the start of b, of those back after b
+//!     P(back after b) = returns after b / (releases - returns before b)
+//!   past 65,536 returns every count halves (recent traffic weighs more)
+//! ```
+//!
+//! This is hit density (LHD, Beckmann et al., NSDI'18) over a prefix
+//! cache's own classes: a block worth keeping is one likely to come back
+//! soon. A turn count with fewer than 256 releases in the window reads the
+//! table of all turn counts together. Until the first relearn every density
+//! is 0, so ties decide (`return_time` breaks them toward more turns).
+//! Returns are those the policy sees (hits, and stores of hashes its ghost
+//! table still remembers), so a turn count whose blocks are evicted young
+//! and come back after the ghost table forgot them looks less likely to
+//! return than it is.
+
+use super::return_ages::{bucket_end, bucket_of};
+
+/// Age buckets (exact below 8, then 8 per doubling; ages from 245,760
+/// count in the last).
+const BUCKETS: usize = 128;
+/// Returns between two rebuilds of the densities.
+const RELEARN_PERIOD: u64 = 1024;
+/// Returns counted before every count halves.
+const WINDOW: u64 = 1 << 16;
+/// Releases a turn count needs in the window to be judged on its own.
+const MIN_RELEASES: u64 = 256;
+
+/// Releases, returns by age and the densities they give, per turn count.
+#[derive(Debug)]
+pub(super) struct TurnDensity {
+    /// Per turn count.
+    released: Box<[u64]>,
+    /// `turns x BUCKETS`, row-major.
+    returns: Box<[u64]>,
+    /// Returns counted since the counts last halved.
+    window: u64,
+    /// `turns x BUCKETS`, row-major.
+    density: Box<[f32]>,
+}
+
+impl TurnDensity {
+    /// Nothing learned, for turn counts `0..turns`: every density 0.
+    pub(super) fn new(turns: usize) -> Self {
+        Self {
+            released: vec![0; turns].into_boxed_slice(),
+            returns: vec![0; turns * BUCKETS].into_boxed_slice(),
+            window: 0,
+            density: vec![0.0; turns * BUCKETS].into_boxed_slice(),
+        }
+    }
+
+    fn bucket(age: u32) -> usize {
+        bucket_of(age).min(BUCKETS - 1)
+    }
+
+    /// A block with `turns` turns became evictable.
+    pub(super) fn released(&mut self, turns: usize) {
+        self.released[turns] += 1;
+    }
+
+    /// A block released with `turns` turns came back `age` after its release.
+    pub(super) fn returned(&mut self, turns: usize, age: u32) {
+        self.returns[turns * BUCKETS + Self::bucket(age)] += 1;
+        self.window += 1;
+        if self.window % RELEARN_PERIOD == 0 {
+            self.relearn();
+        }
+        if self.window >= WINDOW {
+            for c in self.returns.iter_mut().chain(self.released.iter_mut()) {
+                *c /= 2;
+            }
+            self.window /= 2;
+        }
+    }
+
+    fn relearn(&mut self) {
+        let mut all = [0.0f32; BUCKETS];
+        let mut all_returns = [0u64; BUCKETS];
+        for row in self.returns.chunks_exact(BUCKETS) {
+            for (sum, r) in all_returns.iter_mut().zip(row) {
+                *sum += r;
+            }
+        }
+        learn(self.released.iter().sum(), &all_returns, &mut all);
+        let rows = self.density.chunks_exact_mut(BUCKETS);
+        for ((density, returns), &released) in rows
+            .zip(self.returns.chunks_exact(BUCKETS))
+            .zip(&*self.released)
+        {
+            if released < MIN_RELEASES {
+                density.copy_from_slice(&all);
+            } else {
+                learn(released, returns, density);
+            }
+        }
+    }
+
+    /// Expected returns per request kept of a block with `turns` turns at
+    /// this age (0 until learned).
+    pub(super) fn density(&self, turns: usize, age: u32) -> f32 {
+        self.density[turns * BUCKETS + Self::bucket(age)]
+    }
+}
+
+/// The densities of blocks `released` of which `returns` came back, by
+/// age bucket.
+fn learn(released: u64, returns: &[u64], density: &mut [f32]) {
+    let total: u64 = returns.iter().sum();
+    let released = released.max(total) as f64;
+    // From the oldest bucket down: returns at or after b, and their summed
+    // ages.
+    let (mut later, mut ages) = (0u64, 0f64);
+    for b in (0..returns.len()).rev() {
+        later += returns[b];
+        ages += returns[b] as f64 * bucket_end(b) as f64;
+        let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 } as f64;
+        let at_risk = released - (total - later) as f64;
+        density[b] = if later == 0 {
+            0.0
+        } else {
+            let wait = (ages / later as f64 - start).max(1.0);
+            (later as f64 / at_risk / wait) as f32
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Releases `n` blocks with `turns` turns, of which `back` come back
+    /// at `age`.
+    fn teach(d: &mut TurnDensity, turns: usize, n: usize, back: usize, age: u32) {
+        for _ in 0..n {
+            d.released(turns);
+        }
+        for _ in 0..back {
+            d.returned(turns, age);
+        }
+    }
+
+    #[test]
+    fn blocks_that_come_back_sooner_and_more_often_are_denser() {
+        let mut d = TurnDensity::new(4);
+        assert_eq!(d.density(0, 10), 0.0, "nothing learned yet");
+        // Turn count 0: 1,000 released, 900 back at age 50. Turn count 1:
+        // 1,000 released, 300 back at age 50. Turn count 2: 1,000
+        // released, 900 back at age 400. 2,100 returns: two relearns.
+        teach(&mut d, 0, 1000, 900, 50);
+        teach(&mut d, 1, 1000, 300, 50);
+        teach(&mut d, 2, 1000, 900, 400);
+        let (often, rarely, late) = (d.density(0, 0), d.density(1, 0), d.density(2, 0));
+        assert!(often > rarely && often > late, "{often} {rarely} {late}");
+        // Among those back at 50 (bucket 48 to 51), 0.9 of the released at
+        // age 0, waiting 51 on average: 0.9 / 51.
+        assert!((often - 0.9 / 51.0).abs() < 1e-6, "{often}");
+        // Past its last return a block is never back: density 0.
+        assert_eq!(d.density(0, 1000), 0.0);
+        // Ageing towards the return raises the density.
+        assert!(d.density(2, 300) > late);
+    }
+
+    #[test]
+    fn a_turn_count_seldom_released_reads_the_table_of_all() {
+        let mut d = TurnDensity::new(4);
+        teach(&mut d, 0, 2000, 1000, 50);
+        teach(&mut d, 3, 10, 24, 5000);
+        // Turn counts 1, 2 (nothing released) and 3 read the table of all.
+        assert_eq!(d.density(3, 0), d.density(1, 0));
+        assert_eq!(d.density(2, 4000), d.density(1, 4000));
+        assert!(
+            d.density(1, 4000) > 0.0,
+            "turn count 3's returns count there"
+        );
+        assert_ne!(d.density(3, 0), d.density(0, 0));
+    }
+
+    #[test]
+    fn counts_halve_past_the_window() {
+        let mut d = TurnDensity::new(1);
+        teach(&mut d, 0, 1000, WINDOW as usize, 7);
+        assert_eq!(d.window, WINDOW / 2);
+        assert_eq!(d.returns[7], WINDOW / 2);
+        assert_eq!(d.released[0], 500);
+    }
+}
