@@ -31,8 +31,9 @@
 //!     3. else cold and warm blocks of a turn count are one pool (its
 //!        oldest head and its youngest group; ties go to the cold one):
 //!        of every pool, the end expected back later; of those, the one
-//!        whose turn count brings the fewest returns per request kept at
-//!        its age (learned hit density), ties to more turns; shared last
+//!        whose turn count is least dense at its age (learned: the chance
+//!        it comes back over the mean wait of those that do), ties to
+//!        more turns; shared last
 //! ```
 //!
 //! Why: on traffic whose sessions come back after the cache turns over (a
@@ -57,8 +58,8 @@
 //!
 //! Children before parents: a released path's blocks share one turn count,
 //! and a child is cold only if its parent is or was never hit (a hit on the
-//! child is one on the parent), so a child's class comes no later than its
-//! parent's in both orders; ties between the oldest heads of classes go to
+//! child is one on the parent), so within a path a child's class comes no
+//! later than its parent's in every order; ties between the oldest heads of classes go to
 //! the class evicted first, ties in a pool to the cold class, a shared
 //! parent is in the class evicted last, and a path is released tail first,
 //! so a group's first block is its deepest. A block is evicted before its
@@ -78,8 +79,9 @@
 //! table, 16 bytes per entry (its tag, last use, release stamp and turn
 //! count; one cache line per look-up, fetched ahead
 //! when the request is admitted), two entries per block rounded up to a
-//! power of two: 104 to 136 bytes per block. Shared blocks' returns do
-//! not teach the age tables (they still count as near returns).
+//! power of two: 104 to 136 bytes per block. Shared blocks' hits do not
+//! teach the age tables nor the densities (their returns still count as
+//! near returns, and their rare ghost returns teach the age tables).
 
 use super::near_returns::NearReturns;
 use super::return_ages::{Learning, ReturnAges};
@@ -129,9 +131,9 @@ fn class_order() -> [u8; CLASSES] {
     order
 }
 
-/// A fingerprint per recently evicted hash with its last use and its
-/// release stamp: a direct-mapped table, one entry per slot (a newer
-/// eviction overwrites).
+/// A fingerprint per recently evicted hash with its last use, its release
+/// stamp and its turn count: a direct-mapped table, one entry per slot (a
+/// newer eviction overwrites).
 #[derive(Debug)]
 struct Ghosts {
     entries: Vec<Ghost>,
@@ -326,8 +328,8 @@ pub(crate) struct ReturnTime {
     /// Whether the path being released is one chain so far (no block of
     /// it had another cached child): its blocks keep its turns.
     last_chain: bool,
-    /// Returns per request kept, by turn count and age: which turn count
-    /// gives up the victim while cold blocks do not go first.
+    /// Hit density by turn count and age: which turn count gives up the
+    /// victim while cold blocks do not go first.
     density: TurnDensity,
 }
 
@@ -520,9 +522,9 @@ impl ReturnTime {
 
     /// The victim when cold and warm blocks of a turn count alike: of each
     /// turn count listed (cold and warm as one pool), the end expected back
-    /// later; of those, the one whose turn count brings the fewest returns
-    /// per request kept at its age ([`TurnDensity`]), ties going to more
-    /// turns; the shared class's head once no other is listed.
+    /// later; of those, the one whose turn count is least dense at its age
+    /// ([`TurnDensity`]), ties going to more turns; the shared class's head
+    /// once no other is listed.
     fn merged_victim(&self) -> Option<BlockId> {
         let listed = self.nonempty;
         let mut turns = (listed | listed >> TURNS) & ((1 << TURNS) - 1);
@@ -570,9 +572,9 @@ impl ReturnTime {
     }
 }
 
-/// Where class `c` comes in the second order (most turns first, cold
-/// before warm, shared last): a child's class never comes after its
-/// parent's there, nor in the first.
+/// The rank of class `c` for ties between the oldest heads at the horizon
+/// (most turns first, cold before warm, shared last): a child's class
+/// never comes after its parent's within a path.
 fn merged_rank(c: usize) -> usize {
     if c == SHARED {
         return CLASSES;
@@ -991,6 +993,43 @@ mod tests {
         // Once learned, the blocks that never come back go first, although
         // they have fewer turns and were released later.
         assert_eq!(run(true), [4, 3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn an_evicted_blocks_return_teaches_the_density_of_its_turn_count() {
+        let mut p = ReturnTime::new(3).unwrap();
+        let mut free: Vec<BlockId> = (0..3).collect();
+        let chain: Vec<(BlockHash, BlockId)> = hashes(0, 3).into_iter().zip(0..3).collect();
+        request(&mut p, &chain[..1], 0, &mut free);
+        request(&mut p, &chain[..2], 1, &mut free);
+        request(&mut p, &chain, 2, &mut free);
+        assert_eq!(turns(&p, 0..3), [2, 2, 2], "extended twice");
+        let before = p.density.returns_by_turns();
+        let victims: BTreeSet<BlockId> = std::iter::from_fn(|| p.evict()).collect();
+        assert_eq!(victims, BTreeSet::from([0, 1, 2]));
+        // Its hash stored again: a return of a block with 2 turns.
+        p.on_request(&[chain[0].0], 0);
+        p.on_store(0, chain[0].0, Retention::Probation, None);
+        let mut after = before.clone();
+        after[2] += 1;
+        assert_eq!(p.density.returns_by_turns(), after);
+
+        // A shared block's return teaches nothing.
+        let shared = hashes(500, 1)[0];
+        p.on_store(1, shared, Retention::Keep, None);
+        p.insert(1);
+        for _ in 0..SHARED_HITS {
+            p.remove(1);
+            p.on_hit(1);
+            p.insert(1);
+        }
+        assert_eq!(p.blocks[1].class, SHARED as u8);
+        p.insert(0);
+        assert_eq!((p.evict(), p.evict()), (Some(0), Some(1)));
+        let before = p.density.returns_by_turns();
+        p.on_request(&[shared], 0);
+        p.on_store(1, shared, Retention::Probation, None);
+        assert_eq!(p.density.returns_by_turns(), before);
     }
 
     #[test]

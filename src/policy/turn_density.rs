@@ -1,20 +1,24 @@
-//! Turn density: how many returns a block with a given turn count brings per
-//! request it stays evictable, at each age, learned online. `return_time`
-//! uses it to pick which turn count gives up the next victim when cold
-//! blocks do not go first.
+//! Turn density: how likely a block with a given turn count is to come
+//! back, over how long those that do take, at each age, learned online.
+//! `return_time` uses it to pick which turn count gives up the next victim
+//! when cold blocks do not go first.
 //!
 //! ```text
 //!   release of a block with t turns                        ──▶ released[t] += 1
 //!   its return at age a (a hit, or a store of its evicted hash) ──▶ returns[t][bucket(a)] += 1
 //!   every 1,024 returns, per turn count t and age bucket b:
-//!     density[t][b] = P(back after b) / mean wait, from the start of b, of those back after b
-//!     P(back after b) = returns after b / (releases - returns before b)
-//!   past 65,536 returns every count halves (recent traffic weighs more)
+//!     density[t][b] = P(back in b or later) / mean wait, from the start of b, of those back in b or later
+//!     P(back in b or later) = returns in b or later / (releases - returns before b)
+//!   once 65,536 returns are counted, every count halves (recent traffic weighs more)
 //! ```
 //!
-//! This is hit density (LHD, Beckmann et al., NSDI'18) over a prefix
-//! cache's own classes: a block worth keeping is one likely to come back
-//! soon. A turn count with fewer than 256 releases in the window reads the
+//! In the spirit of hit density (LHD, Beckmann et al., NSDI'18) over a
+//! prefix cache's own classes: a block worth keeping is one likely to come
+//! back soon. Unlike LHD, the blocks that never come back add nothing to
+//! the wait (how long they stay is what the caller decides), so a rare
+//! return that comes fast scores as high as a likely one that comes late.
+//! Buckets count "in b or later" (`ReturnAges::remaining` counts strictly
+//! later ones). A turn count with fewer than 256 releases in the window reads the
 //! table of all turn counts together. Until the first relearn every density
 //! is 0, so ties decide (`return_time` breaks them toward more turns).
 //! Returns are those the policy sees (hits, and stores of hashes its ghost
@@ -41,7 +45,7 @@ pub(super) struct TurnDensity {
     released: Box<[u64]>,
     /// `turns x BUCKETS`, row-major.
     returns: Box<[u64]>,
-    /// Returns counted since the counts last halved.
+    /// Returns counted (halved with the counts).
     window: u64,
     /// `turns x BUCKETS`, row-major.
     density: Box<[f32]>,
@@ -104,10 +108,19 @@ impl TurnDensity {
         }
     }
 
-    /// Expected returns per request kept of a block with `turns` turns at
-    /// this age (0 until learned).
+    /// The density of a block with `turns` turns at this age (0 until
+    /// learned).
     pub(super) fn density(&self, turns: usize, age: u32) -> f32 {
         self.density[turns * BUCKETS + Self::bucket(age)]
+    }
+
+    /// The returns counted for each turn count.
+    #[cfg(test)]
+    pub(super) fn returns_by_turns(&self) -> Vec<u64> {
+        self.returns
+            .chunks_exact(BUCKETS)
+            .map(|row| row.iter().sum())
+            .collect()
     }
 }
 
@@ -172,6 +185,7 @@ mod tests {
     #[test]
     fn a_turn_count_seldom_released_reads_the_table_of_all() {
         let mut d = TurnDensity::new(4);
+        // 1,024 returns in all: one relearn, with both counted.
         teach(&mut d, 0, 2000, 1000, 50);
         teach(&mut d, 3, 10, 24, 5000);
         // Turn counts 1, 2 (nothing released) and 3 read the table of all.
