@@ -23,6 +23,11 @@ pub(super) fn bucket_of(age: u32) -> usize {
     (log as usize - 2) * 8 + frac as usize
 }
 
+/// The smallest age in bucket `b`.
+pub(super) fn bucket_start(b: usize) -> u64 {
+    b.checked_sub(1).map_or(0, |before| bucket_end(before) + 1)
+}
+
 /// The largest age in bucket `b`.
 pub(super) fn bucket_end(b: usize) -> u64 {
     if b < 8 {
@@ -106,7 +111,7 @@ impl ReturnAges {
         // Remaining time at the start of each bucket, over later returns.
         let (mut n, mut sum) = (0u64, 0u64);
         for b in (0..self.learning.buckets).rev() {
-            let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 };
+            let start = bucket_start(b);
             self.remaining[b] = sum.checked_div(n).unwrap_or(0).saturating_sub(start);
             n += self.counts[b];
             sum += self.counts[b] * bucket_end(b);

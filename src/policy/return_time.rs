@@ -532,10 +532,6 @@ impl ReturnTime {
             let b = self.head[SHARED];
             return (b != NIL).then_some(b);
         }
-        if turns.is_power_of_two() {
-            let (old, young) = self.pool_ends(turns.trailing_zeros() as u8);
-            return Some(self.back_later(old, young));
-        }
         let mut victim: Option<(f32, BlockId)> = None;
         // Fewest turns first, so a tie goes to the later.
         while turns != 0 {

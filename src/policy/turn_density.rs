@@ -26,7 +26,7 @@
 //! and come back after the ghost table forgot them looks less likely to
 //! return than it is.
 
-use super::return_ages::{bucket_end, bucket_of};
+use super::return_ages::{bucket_end, bucket_of, bucket_start};
 
 /// Age buckets (exact below 8, then 8 per doubling; ages from 245,760
 /// count in the last).
@@ -135,7 +135,7 @@ fn learn(released: u64, returns: &[u64], density: &mut [f32]) {
     for b in (0..returns.len()).rev() {
         later += returns[b];
         ages += returns[b] as f64 * bucket_end(b) as f64;
-        let start = if b == 0 { 0 } else { bucket_end(b - 1) + 1 } as f64;
+        let start = bucket_start(b) as f64;
         let at_risk = released - (total - later) as f64;
         density[b] = if later == 0 {
             0.0
