@@ -3,15 +3,15 @@
 //!
 //! ```text
 //! cargo run --release --example duel_seeds -- [--workload multiturn|mooncake|NAME]
-//!     [--blocks 8192,16384] [--hash-seeds 10] [--jobs 2] [--cache-only]
+//!     [--blocks 8192,16384] [--hash-seeds 10] [--jobs 2] [--cache-only] [--policy adaptive]
 //! ```
 //!
 //! For each cache size it replays the workload through the block manager
 //! (`mla_cache::sim::simulate`) under `lru`, `arc` and `residency` for hash
-//! seed 0, and under `adaptive` for hash seeds 0 to N-1, and prints each
-//! rule's prompt-token hit rate, adaptive's min and max, its spread
-//! ((max - min) / max) and its worst gap to the better candidate rule
-//! ((best - min) / best). Both workloads by default. `--cache-only` replays
+//! seed 0, and under `adaptive` (or the `--policy` named) for hash seeds 0
+//! to N-1, and prints each rule's prompt-token hit rate, that policy's min
+//! and max, its spread ((max - min) / max) and its worst gap to the better
+//! candidate rule ((best - min) / best). Both workloads by default. `--cache-only` replays
 //! the cache-only model (`mla_cache::sim::cache_only`, the sweep's starred
 //! columns) instead; its block keys do not depend on a hash seed, so each
 //! rule gives one figure there.
@@ -27,8 +27,8 @@ use mla_cache::EvictionPolicyKind;
 
 /// One replay to run: a policy, a cache size, a hash seed.
 #[derive(Clone, Copy)]
-struct Run {
-    policy: &'static str,
+struct Run<'a> {
+    policy: &'a str,
     num_blocks: usize,
     hash_seed: u64,
 }
@@ -39,7 +39,7 @@ enum Replay<'a> {
     CacheOnly(&'a BlockKeys),
 }
 
-fn hit_rate(replay: &Replay, run: Run) -> Result<f64, String> {
+fn hit_rate(replay: &Replay, run: Run<'_>) -> Result<f64, String> {
     let eviction: EvictionPolicyKind = run.policy.parse().map_err(|e| format!("{e}"))?;
     let requests = match replay {
         Replay::Manager(requests) => requests,
@@ -59,7 +59,7 @@ fn hit_rate(replay: &Replay, run: Run) -> Result<f64, String> {
 }
 
 /// Runs `runs` on `jobs` threads; the rates in the order of `runs`.
-fn run_all(replay: &Replay, runs: &[Run], jobs: usize) -> Result<Vec<f64>, String> {
+fn run_all(replay: &Replay, runs: &[Run<'_>], jobs: usize) -> Result<Vec<f64>, String> {
     let next = AtomicUsize::new(0);
     let rates = Mutex::new(vec![Ok(0.0); runs.len()]);
     std::thread::scope(|s| {
@@ -96,6 +96,7 @@ fn main() -> Result<(), String> {
     let mut seeds = 10u64;
     let mut jobs = 2;
     let mut model_only = false;
+    let mut seeded = "adaptive".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--cache-only" {
@@ -114,13 +115,19 @@ fn main() -> Result<(), String> {
             }
             "--hash-seeds" => seeds = value.parse().map_err(bad)?,
             "--jobs" => jobs = value.parse().map_err(bad)?,
+            "--policy" => {
+                value
+                    .parse::<EvictionPolicyKind>()
+                    .map_err(|e| format!("--policy {value}: {e}"))?;
+                seeded = value;
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
     if seeds == 0 {
         return Err("--hash-seeds must be at least 1".into());
     }
-    println!("| workload, blocks | lru | arc | residency | adaptive, min to max | spread | worst gap to the best rule |");
+    println!("| workload, blocks | lru | arc | residency | {seeded}, min to max | spread | worst gap to the best rule |");
     println!("|---|---|---|---|---|---|---|");
     for name in &workloads {
         let trace = workload(name)?;
@@ -143,15 +150,15 @@ fn main() -> Result<(), String> {
                 })
                 .collect();
             runs.extend((0..seeds).map(|hash_seed| Run {
-                policy: "adaptive",
+                policy: &seeded,
                 num_blocks,
                 hash_seed,
             }));
             let rates = run_all(&replay, &runs, jobs)?;
             let (lru, arc, residency) = (rates[0], rates[1], rates[2]);
-            let adaptive = &rates[3..];
-            let min = adaptive.iter().copied().fold(f64::INFINITY, f64::min);
-            let max = adaptive.iter().copied().fold(0.0, f64::max);
+            let seeded_rates = &rates[3..];
+            let min = seeded_rates.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = seeded_rates.iter().copied().fold(0.0, f64::max);
             let best = arc.max(residency);
             let pct = |x: f64| format!("{:.2}%", 100.0 * x);
             println!(
