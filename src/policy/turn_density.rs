@@ -10,6 +10,11 @@
 //!     density[t][b] = P(back in b or later) / mean wait, from the start of b, of those back in b or later
 //!     P(back in b or later) = returns in b or later / (releases - returns before b)
 //!   once 65,536 returns are counted, every count halves (recent traffic weighs more)
+//!
+//!   a ghost entry overwritten at age a (its block no longer watched)     ──▶ unwatched[bucket(a)] += 1
+//!   trusted at age a, up to the horizon h, iff
+//!     returns at a or later >= 1,000                                   (the run is old enough to have seen them)
+//!     and 1 - unwatched before h / (releases - returns before h) >= 1/2 (most blocks not back are watched up to h)
 //! ```
 //!
 //! In the spirit of hit density (LHD, Beckmann et al., NSDI'18) over a
@@ -24,7 +29,11 @@
 //! Returns are those the policy sees (hits, and stores of hashes its ghost
 //! table still remembers), so a turn count whose blocks are evicted young
 //! and come back after the ghost table forgot them looks less likely to
-//! return than it is.
+//! return than it is. [`TurnDensity::trusted`] tells when that is not the
+//! case: the blocks are still watched (cached, or remembered by the ghost
+//! table) up to the horizon, and enough returns at the age in question
+//! have been seen; on a small cache whose ghost table forgets most blocks
+//! before the horizon, or early in a run, it is not.
 
 use super::return_ages::{bucket_end, bucket_of, bucket_start};
 
@@ -37,6 +46,12 @@ const RELEARN_PERIOD: u64 = 1024;
 const WINDOW: u64 = 1 << 16;
 /// Releases a turn count needs in the window to be judged on its own.
 const MIN_RELEASES: u64 = 256;
+/// Returns at an age or later (all turn counts) for densities there to be
+/// trusted.
+const MIN_LATER_RETURNS: u64 = 1000;
+/// Share of the blocks not yet back that must still be watched at the
+/// horizon for densities to be trusted.
+const MIN_WATCHED: f64 = 0.5;
 
 /// Releases, returns by age and the densities they give, per turn count.
 #[derive(Debug)]
@@ -49,6 +64,13 @@ pub(super) struct TurnDensity {
     window: u64,
     /// `turns x BUCKETS`, row-major.
     density: Box<[f32]>,
+    /// Per age bucket, all turn counts: blocks whose ghost entry was
+    /// overwritten at that age (no longer watched).
+    unwatched: Box<[u64]>,
+    /// Per age bucket, learned: returns at that age or later, and the
+    /// share of the blocks not back by then that are still watched.
+    later_returns: Box<[u64]>,
+    watched: Box<[f32]>,
 }
 
 impl TurnDensity {
@@ -59,6 +81,9 @@ impl TurnDensity {
             returns: vec![0; turns * BUCKETS].into_boxed_slice(),
             window: 0,
             density: vec![0.0; turns * BUCKETS].into_boxed_slice(),
+            unwatched: vec![0; BUCKETS].into_boxed_slice(),
+            later_returns: vec![0; BUCKETS].into_boxed_slice(),
+            watched: vec![0.0; BUCKETS].into_boxed_slice(),
         }
     }
 
@@ -71,6 +96,12 @@ impl TurnDensity {
         self.released[turns] += 1;
     }
 
+    /// A block evicted unreturned is no longer watched: its ghost entry
+    /// was overwritten `age` after its release.
+    pub(super) fn unwatched(&mut self, age: u32) {
+        self.unwatched[Self::bucket(age)] += 1;
+    }
+
     /// A block released with `turns` turns came back `age` after its release.
     pub(super) fn returned(&mut self, turns: usize, age: u32) {
         self.returns[turns * BUCKETS + Self::bucket(age)] += 1;
@@ -79,7 +110,8 @@ impl TurnDensity {
             self.relearn();
         }
         if self.window >= WINDOW {
-            for c in self.returns.iter_mut().chain(self.released.iter_mut()) {
+            let counts = self.returns.iter_mut().chain(self.released.iter_mut());
+            for c in counts.chain(self.unwatched.iter_mut()) {
                 *c /= 2;
             }
             self.window /= 2;
@@ -94,7 +126,26 @@ impl TurnDensity {
                 *sum += r;
             }
         }
-        learn(self.released.iter().sum(), &all_returns, &mut all);
+        let released: u64 = self.released.iter().sum();
+        learn(released, &all_returns, &mut all);
+        // From the youngest bucket up: returns and forgotten blocks before b.
+        let (mut returned, mut unwatched) = (0u64, 0u64);
+        let buckets = self
+            .watched
+            .iter_mut()
+            .zip(&all_returns)
+            .zip(&*self.unwatched);
+        for ((watched, &returns), &forgotten) in buckets {
+            let pending = released.saturating_sub(returned).max(1);
+            *watched = (1.0 - unwatched as f64 / pending as f64).max(0.0) as f32;
+            returned += returns;
+            unwatched += forgotten;
+        }
+        let mut later = 0;
+        for (at_or_after, &returns) in self.later_returns.iter_mut().zip(&all_returns).rev() {
+            later += returns;
+            *at_or_after = later;
+        }
         let rows = self.density.chunks_exact_mut(BUCKETS);
         for ((density, returns), &released) in rows
             .zip(self.returns.chunks_exact(BUCKETS))
@@ -112,6 +163,15 @@ impl TurnDensity {
     /// learned).
     pub(super) fn density(&self, turns: usize, age: u32) -> f32 {
         self.density[turns * BUCKETS + Self::bucket(age)]
+    }
+
+    /// Whether densities at `age` can be trusted when blocks are taken as
+    /// never back past `horizon`: enough returns at `age` or later were
+    /// seen, and most blocks not back by the horizon are still watched
+    /// there (see the module docs). Not before the first relearn.
+    pub(super) fn trusted(&self, age: u32, horizon: u32) -> bool {
+        self.later_returns[Self::bucket(age)] >= MIN_LATER_RETURNS
+            && f64::from(self.watched[Self::bucket(horizon)]) >= MIN_WATCHED
     }
 
     /// The returns counted for each turn count.
@@ -196,6 +256,31 @@ mod tests {
             "turn count 3's returns count there"
         );
         assert_ne!(d.density(3, 0), d.density(0, 0));
+    }
+
+    #[test]
+    fn densities_are_trusted_where_returns_were_seen_and_blocks_stay_watched() {
+        let mut d = TurnDensity::new(1);
+        assert!(!d.trusted(0, 100), "nothing learned yet");
+        // 10,000 released; 1,024 back at age 500, 1,024 at age 5: two
+        // relearns, the second with all of them.
+        for _ in 0..10_000 {
+            d.released(0);
+        }
+        teach(&mut d, 0, 0, 1024, 500);
+        teach(&mut d, 0, 0, 1024, 5);
+        assert!(d.trusted(400, 1000), "1,024 returns at 400 or later");
+        assert!(!d.trusted(600, 1000), "none seen past 500");
+        // 4,500 of the 8,976 not back by age 1,000 forgotten before it:
+        // fewer than half are still watched there.
+        for _ in 0..4500 {
+            d.unwatched(50);
+        }
+        assert!(d.trusted(400, 1000), "counted at the next relearn only");
+        teach(&mut d, 0, 0, 1024, 5);
+        assert!(!d.trusted(400, 1000));
+        // A horizon before the forgetting: still watched there.
+        assert!(d.trusted(10, 40));
     }
 
     #[test]
