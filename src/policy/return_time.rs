@@ -342,8 +342,9 @@ pub(crate) struct ReturnTime {
     /// Whether the path being released is one chain so far (no block of
     /// it had another cached child): its blocks keep its turns.
     last_chain: bool,
-    /// Hit density by turn count and age: which turn count gives up the
-    /// victim while cold blocks do not go first.
+    /// Hit density by turn count and age: while cold blocks do not go
+    /// first, which turn count gives up the victim, and whether a pool's
+    /// young end is spared.
     density: TurnDensity,
 }
 
@@ -535,8 +536,9 @@ impl ReturnTime {
     }
 
     /// The victim when cold and warm blocks of a turn count alike: of each
-    /// turn count listed (cold and warm as one pool), the end expected back
-    /// later; of those, the one whose turn count is least dense at its age
+    /// turn count listed (cold and warm as one pool), the end
+    /// [`Self::pool_victim`] picks; of those, the one whose turn count is
+    /// least dense at its age
     /// ([`TurnDensity`]), ties going to more turns; the shared class's head
     /// once no other is listed.
     fn merged_victim(&self) -> Option<BlockId> {
@@ -574,7 +576,9 @@ impl ReturnTime {
             return later;
         }
         let density = |b| self.density.density(usize::from(t), self.age(b));
-        if density(young) >= YOUNG_DENSER * density(old) {
+        let young_density = density(young);
+        // A young end with no density learned is no evidence either way.
+        if young_density > 0.0 && young_density >= YOUNG_DENSER * density(old) {
             old
         } else {
             young
@@ -739,9 +743,9 @@ impl EvictionPolicy for ReturnTime {
             self.blocks[i].stamp,
             turns as u8,
         );
-        if let Some((last_use, turns)) = forgotten {
+        if let Some((last_use, forgotten_turns)) = forgotten {
             // A shared block's return would not teach the densities either.
-            if usize::from(turns) < TURNS {
+            if usize::from(forgotten_turns) < TURNS {
                 self.density.unwatched(self.clock.wrapping_sub(last_use));
             }
         }
@@ -805,6 +809,14 @@ mod tests {
     fn hashes(first: u128, n: usize) -> Vec<BlockHash> {
         (0..n as u128)
             .map(|i| BlockHash((first + i) << 1))
+            .collect()
+    }
+
+    /// `n` hashes whose fingerprints differ in their high bits too (the
+    /// ghost table's tags), unlike [`hashes`]'.
+    fn spread_hashes(n: u64) -> Vec<BlockHash> {
+        (1..=n)
+            .map(|i| BlockHash(u128::from(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))))
             .collect()
     }
 
@@ -1050,7 +1062,9 @@ mod tests {
 
     #[test]
     fn where_densities_are_trusted_a_far_denser_young_end_is_kept() {
-        let run = |watched: bool| {
+        // Of 100,000 blocks released, `young` come back at age 2 and `old`
+        // at age 400.
+        let run = |watched: bool, young: usize, old: usize| {
             let mut p = ReturnTime::new(16).unwrap();
             cold_returns_near(&mut p);
             // Returns spread from 10 to 1,000 requests after release: the
@@ -1058,8 +1072,6 @@ mod tests {
             for i in 0..LEARNING.relearn_period as u32 {
                 p.ages.record(10 + i * 990 / 1024);
             }
-            // But of 100,000 blocks released 2,048 come back at age 2 and
-            // 1,024 at age 400: the young end is five times as dense.
             for _ in 0..100_000 {
                 p.density.released(0);
             }
@@ -1069,20 +1081,82 @@ mod tests {
                     p.density.unwatched(50);
                 }
             }
-            for _ in 0..2048 {
+            for _ in 0..young {
                 p.density.returned(0, 2);
             }
-            for _ in 0..1024 {
+            for _ in 0..old {
                 p.density.returned(0, 400);
             }
             two_groups_150_requests_apart(&mut p, 0);
             assert!(!p.near.cold_first());
             p.evict()
         };
-        // Censored densities are not trusted: the end expected back later.
-        assert_eq!(run(false), Some(3));
+        // 2,048 and 1,024: the young end 5.7 times as dense. Censored
+        // densities are not trusted: the end expected back later.
+        assert_eq!(run(false, 2048, 1024), Some(3));
         // Trusted: the old end, deepest block first.
-        assert_eq!(run(true), Some(1));
+        assert_eq!(run(true, 2048, 1024), Some(1));
+        // 1,024 and 2,048: 1.4 times as dense, not enough.
+        assert_eq!(run(true, 1024, 2048), Some(3));
+    }
+
+    #[test]
+    fn a_ghost_push_reports_the_live_entry_it_overwrites() {
+        let mut g = Ghosts::new(1).unwrap();
+        let fps: Vec<u64> = spread_hashes(64).into_iter().map(fingerprint).collect();
+        let same_slot: Vec<u64> = fps
+            .iter()
+            .copied()
+            .filter(|&fp| g.slot(fp) == g.slot(fps[0]))
+            .take(3)
+            .collect();
+        let stamp = Stamp::new(false, 0);
+        assert_eq!(g.push(same_slot[0], 10, stamp, 3), None, "an empty slot");
+        assert_eq!(g.push(same_slot[1], 20, stamp, 4), Some((10, 3)));
+        assert!(g.take(same_slot[1]).is_some());
+        assert_eq!(
+            g.push(same_slot[2], 30, stamp, 5),
+            None,
+            "a taken entry is not forgotten"
+        );
+    }
+
+    #[test]
+    fn an_evicted_hash_the_ghost_table_forgets_is_unwatched_at_its_age() {
+        let mut p = ReturnTime::new(1).unwrap();
+        let slot_of = |p: &ReturnTime, h: BlockHash| p.ghosts.slot(fingerprint(h));
+        let candidates = spread_hashes(64);
+        let first = candidates[0];
+        let same_slot: Vec<BlockHash> = candidates
+            .into_iter()
+            .filter(|&h| slot_of(&p, h) == slot_of(&p, first))
+            .take(4)
+            .collect();
+        let store_and_evict = |p: &mut ReturnTime, h: BlockHash, hits: u8, wait: u32| {
+            p.on_store(0, h, Retention::Keep, None);
+            for _ in 0..hits {
+                p.on_request(&[], 0);
+                p.on_hit(0);
+            }
+            p.insert(0);
+            for _ in 0..wait {
+                p.on_request(&[], 0);
+            }
+            assert_eq!(p.evict(), Some(0));
+        };
+        store_and_evict(&mut p, same_slot[0], 0, 5);
+        assert_eq!(p.density.forgotten(), []);
+        // Its ghost overwritten 5 requests after its release.
+        store_and_evict(&mut p, same_slot[1], 0, 0);
+        assert_eq!(p.density.forgotten(), [(5, 1)]);
+        // A shared block's ghost: the one it overwrites counts (16 hits,
+        // one request each, after that one's release: age 16, in bucket
+        // 16 to 17)...
+        store_and_evict(&mut p, same_slot[2], SHARED_HITS, 0);
+        assert_eq!(p.density.forgotten(), [(5, 1), (17, 1)]);
+        // ... and the shared one, overwritten in turn, does not.
+        store_and_evict(&mut p, same_slot[3], 0, 0);
+        assert_eq!(p.density.forgotten(), [(5, 1), (17, 1)]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Turn density: how likely a block with a given turn count is to come
 //! back, over how long those that do take, at each age, learned online.
-//! `return_time` uses it to pick which turn count gives up the next victim
-//! when cold blocks do not go first.
+//! `return_time` uses it, when cold blocks do not go first, to pick which
+//! turn count gives up the next victim and whether a pool's young end is
+//! spared.
 //!
 //! ```text
 //!   release of a block with t turns                        ──▶ released[t] += 1
@@ -11,10 +12,10 @@
 //!     P(back in b or later) = returns in b or later / (releases - returns before b)
 //!   once 65,536 returns are counted, every count halves (recent traffic weighs more)
 //!
-//!   a ghost entry overwritten at age a (its block no longer watched)     ──▶ unwatched[bucket(a)] += 1
+//!   a ghost entry overwritten at age a (its block no longer watched)     ──▶ forgotten[bucket(a)] += 1
 //!   trusted at age a, up to the horizon h, iff
 //!     returns at a or later >= 1,000                                   (the run is old enough to have seen them)
-//!     and 1 - unwatched before h / (releases - returns before h) >= 1/2 (most blocks not back are watched up to h)
+//!     and 1 - forgotten before h / (releases - returns before h) >= 1/2 (most blocks not back are watched up to h)
 //! ```
 //!
 //! In the spirit of hit density (LHD, Beckmann et al., NSDI'18) over a
@@ -53,7 +54,9 @@ const MIN_LATER_RETURNS: u64 = 1000;
 /// horizon for densities to be trusted.
 const MIN_WATCHED: f64 = 0.5;
 
-/// Releases, returns by age and the densities they give, per turn count.
+/// Releases, returns by age and the densities they give, per turn count;
+/// and, over all turn counts, the blocks forgotten unreturned by age and
+/// whether the densities can be trusted.
 #[derive(Debug)]
 pub(super) struct TurnDensity {
     /// Per turn count.
@@ -66,10 +69,11 @@ pub(super) struct TurnDensity {
     density: Box<[f32]>,
     /// Per age bucket, all turn counts: blocks whose ghost entry was
     /// overwritten at that age (no longer watched).
-    unwatched: Box<[u64]>,
-    /// Per age bucket, learned: returns at that age or later, and the
-    /// share of the blocks not back by then that are still watched.
+    forgotten: Box<[u64]>,
+    /// Per age bucket, learned: returns at that age or later.
     later_returns: Box<[u64]>,
+    /// Per age bucket, learned: the share of the blocks not back by then
+    /// that are still watched.
     watched: Box<[f32]>,
 }
 
@@ -81,7 +85,7 @@ impl TurnDensity {
             returns: vec![0; turns * BUCKETS].into_boxed_slice(),
             window: 0,
             density: vec![0.0; turns * BUCKETS].into_boxed_slice(),
-            unwatched: vec![0; BUCKETS].into_boxed_slice(),
+            forgotten: vec![0; BUCKETS].into_boxed_slice(),
             later_returns: vec![0; BUCKETS].into_boxed_slice(),
             watched: vec![0.0; BUCKETS].into_boxed_slice(),
         }
@@ -99,7 +103,7 @@ impl TurnDensity {
     /// A block evicted unreturned is no longer watched: its ghost entry
     /// was overwritten `age` after its release.
     pub(super) fn unwatched(&mut self, age: u32) {
-        self.unwatched[Self::bucket(age)] += 1;
+        self.forgotten[Self::bucket(age)] += 1;
     }
 
     /// A block released with `turns` turns came back `age` after its release.
@@ -111,7 +115,7 @@ impl TurnDensity {
         }
         if self.window >= WINDOW {
             let counts = self.returns.iter_mut().chain(self.released.iter_mut());
-            for c in counts.chain(self.unwatched.iter_mut()) {
+            for c in counts.chain(self.forgotten.iter_mut()) {
                 *c /= 2;
             }
             self.window /= 2;
@@ -129,17 +133,17 @@ impl TurnDensity {
         let released: u64 = self.released.iter().sum();
         learn(released, &all_returns, &mut all);
         // From the youngest bucket up: returns and forgotten blocks before b.
-        let (mut returned, mut unwatched) = (0u64, 0u64);
+        let (mut returned, mut lost) = (0u64, 0u64);
         let buckets = self
             .watched
             .iter_mut()
             .zip(&all_returns)
-            .zip(&*self.unwatched);
+            .zip(&*self.forgotten);
         for ((watched, &returns), &forgotten) in buckets {
             let pending = released.saturating_sub(returned).max(1);
-            *watched = (1.0 - unwatched as f64 / pending as f64).max(0.0) as f32;
+            *watched = (1.0 - lost as f64 / pending as f64).max(0.0) as f32;
             returned += returns;
-            unwatched += forgotten;
+            lost += forgotten;
         }
         let mut later = 0;
         for (at_or_after, &returns) in self.later_returns.iter_mut().zip(&all_returns).rev() {
@@ -172,6 +176,15 @@ impl TurnDensity {
     pub(super) fn trusted(&self, age: u32, horizon: u32) -> bool {
         self.later_returns[Self::bucket(age)] >= MIN_LATER_RETURNS
             && f64::from(self.watched[Self::bucket(horizon)]) >= MIN_WATCHED
+    }
+
+    /// The nonempty buckets of forgotten blocks as (largest age, count).
+    #[cfg(test)]
+    pub(super) fn forgotten(&self) -> Vec<(u64, u64)> {
+        (0..BUCKETS)
+            .filter(|&b| self.forgotten[b] > 0)
+            .map(|b| (bucket_end(b), self.forgotten[b]))
+            .collect()
     }
 
     /// The returns counted for each turn count.
@@ -270,25 +283,39 @@ mod tests {
         teach(&mut d, 0, 0, 1024, 500);
         teach(&mut d, 0, 0, 1024, 5);
         assert!(d.trusted(400, 1000), "1,024 returns at 400 or later");
-        assert!(!d.trusted(600, 1000), "none seen past 500");
-        // 4,500 of the 8,976 not back by age 1,000 forgotten before it:
-        // fewer than half are still watched there.
-        for _ in 0..4500 {
-            d.unwatched(50);
+        assert!(d.trusted(480, 1000), "500's bucket (480 to 511) counts");
+        assert!(!d.trusted(512, 1000), "none seen past 511");
+        // 7,952 not back by age 1,000; 3,970 of them forgotten at age 600:
+        // just over half still watched there. Returns at 2,000 relearn
+        // without changing that.
+        for _ in 0..3970 {
+            d.unwatched(600);
         }
-        assert!(d.trusted(400, 1000), "counted at the next relearn only");
-        teach(&mut d, 0, 0, 1024, 5);
+        assert!(d.trusted(400, 1000));
+        teach(&mut d, 0, 0, 1024, 2000);
+        assert!(d.trusted(400, 1000));
+        // Ten more: just under half.
+        for _ in 0..10 {
+            d.unwatched(600);
+        }
+        teach(&mut d, 0, 0, 1024, 2000);
         assert!(!d.trusted(400, 1000));
-        // A horizon before the forgetting: still watched there.
-        assert!(d.trusted(10, 40));
+        // Forgotten at 600 (bucket 576 to 639): a horizon in that bucket is
+        // still watched, one past it is not.
+        assert!(d.trusted(10, 639));
+        assert!(!d.trusted(10, 640));
     }
 
     #[test]
     fn counts_halve_past_the_window() {
         let mut d = TurnDensity::new(1);
+        for _ in 0..10 {
+            d.unwatched(9);
+        }
         teach(&mut d, 0, 1000, WINDOW as usize, 7);
         assert_eq!(d.window, WINDOW / 2);
         assert_eq!(d.returns[7], WINDOW / 2);
         assert_eq!(d.released[0], 500);
+        assert_eq!(d.forgotten(), [(9, 5)]);
     }
 }
