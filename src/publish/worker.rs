@@ -243,9 +243,11 @@ impl Worker {
                 // A client that went away or stopped reading loses its replay.
                 let _ = router.send_multipart(frames, zmq::DONTWAIT);
             }
+            // Counted before the end marker goes out, so a client that has
+            // the marker finds its replay counted.
+            self.shared.replays.fetch_add(1, Ordering::Relaxed);
             let end: [&[u8]; 5] = [id, empty, b"", &END_SEQ, b""];
             let _ = router.send_multipart(end, zmq::DONTWAIT);
-            self.shared.replays.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
