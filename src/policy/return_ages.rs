@@ -132,11 +132,17 @@ impl ReturnAges {
     /// The nonempty buckets as (largest age, count).
     #[cfg(test)]
     pub(super) fn learned(&self) -> Vec<(u64, u64)> {
-        (0..self.counts.len())
-            .filter(|&b| self.counts[b] > 0)
-            .map(|b| (bucket_end(b), self.counts[b]))
-            .collect()
+        nonempty_buckets(&self.counts)
     }
+}
+
+/// The nonempty buckets of per-bucket `counts` as (largest age, count).
+#[cfg(test)]
+pub(super) fn nonempty_buckets(counts: &[u64]) -> Vec<(u64, u64)> {
+    (0..counts.len())
+        .filter(|&b| counts[b] > 0)
+        .map(|b| (bucket_end(b), counts[b]))
+        .collect()
 }
 
 #[cfg(test)]

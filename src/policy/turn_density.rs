@@ -132,23 +132,19 @@ impl TurnDensity {
         }
         let released: u64 = self.released.iter().sum();
         learn(released, &all_returns, &mut all);
-        // From the youngest bucket up: returns and forgotten blocks before b.
+        // From the youngest bucket up, with the returns and forgotten blocks
+        // before b: the returns at b or later, and the share still watched.
+        let total: u64 = all_returns.iter().sum();
         let (mut returned, mut lost) = (0u64, 0u64);
-        let buckets = self
-            .watched
-            .iter_mut()
-            .zip(&all_returns)
-            .zip(&*self.forgotten);
-        for ((watched, &returns), &forgotten) in buckets {
+        let buckets = self.watched.iter_mut().zip(&mut *self.later_returns);
+        for ((watched, at_or_after), (&returns, &forgotten)) in
+            buckets.zip(all_returns.iter().zip(&*self.forgotten))
+        {
             let pending = released.saturating_sub(returned).max(1);
             *watched = (1.0 - lost as f64 / pending as f64).max(0.0) as f32;
+            *at_or_after = total - returned;
             returned += returns;
             lost += forgotten;
-        }
-        let mut later = 0;
-        for (at_or_after, &returns) in self.later_returns.iter_mut().zip(&all_returns).rev() {
-            later += returns;
-            *at_or_after = later;
         }
         let rows = self.density.chunks_exact_mut(BUCKETS);
         for ((density, returns), &released) in rows
@@ -181,10 +177,7 @@ impl TurnDensity {
     /// The nonempty buckets of forgotten blocks as (largest age, count).
     #[cfg(test)]
     pub(super) fn forgotten(&self) -> Vec<(u64, u64)> {
-        (0..BUCKETS)
-            .filter(|&b| self.forgotten[b] > 0)
-            .map(|b| (bucket_end(b), self.forgotten[b]))
-            .collect()
+        super::return_ages::nonempty_buckets(&self.forgotten)
     }
 
     /// The returns counted for each turn count.
