@@ -166,3 +166,43 @@ fn adaptive_follows_residency_on_chats_under_a_flood_of_one_off_documents() {
     let trace = generate_mix(&populations, 0);
     adaptive_follows_the_better_rule(&trace.requests, &[65_535], "residency");
 }
+
+/// The `agents` workload's requests (workload seed 0).
+fn agents() -> Vec<TraceRequest> {
+    let populations = generated_workload("agents").expect("a built-in workload");
+    generate_mix(&populations, 0).requests
+}
+
+/// Where `adaptive`'s spread over hash seeds was residency's own: multiturn
+/// at 11,585 blocks and `agents` at 16,383 (over ten seeds 2.4% and 2.5%,
+/// residency alone 2.3% and 5.6%), from which blocks were witnesses (by
+/// fingerprint) and from the ghost table's false matches (20-bit tags).
+#[test]
+fn adaptive_follows_residency_where_residency_varied_with_the_hash_seed() {
+    let multiturn = ChatConfig::multiturn().generate(0);
+    adaptive_follows_the_better_rule(&multiturn.requests, &[11_585], "residency");
+    adaptive_follows_the_better_rule(&agents(), &[16_383], "residency");
+}
+
+/// A cache under residency makes the same choices for every hash seed: its
+/// witnesses are picked in store order and its ghost table matches no
+/// fingerprint it was not given (the rows above, hash seeds 0 to 3).
+#[test]
+fn residency_is_the_same_for_every_hash_seed() {
+    let multiturn = ChatConfig::multiturn().generate(0).requests;
+    let agents = agents();
+    for (requests, num_blocks) in [(&multiturn, 11_585), (&agents, 16_383)] {
+        let rates: Vec<f64> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4)
+                .map(|seed| s.spawn(move || hit_rate(requests, num_blocks, "residency", seed)))
+                .collect();
+            runs.into_iter()
+                .map(|r| r.join().expect("a replay thread"))
+                .collect()
+        });
+        assert!(
+            rates.iter().all(|&r| r == rates[0]),
+            "{num_blocks} blocks: {rates:?}"
+        );
+    }
+}

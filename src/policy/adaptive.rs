@@ -50,7 +50,8 @@
 //! sampled block's whole history, so a shadow of `1/rate` of the cache sees
 //! `1/rate` of the traffic with its reuse distances scaled alike. A shadow is
 //! the cache-only model (one request at a time, tail-first release) over the
-//! sampled blocks, with the real rule's own code; a hit is any cached
+//! sampled blocks, with the real rule's own code (its witnesses picked by
+//! fingerprint: [`Witnesses`]); a hit is any cached
 //! sampled block (the leading-run condition is not checked: the sample keeps
 //! too few blocks of a chain to tell). Residency's one decision per
 //! request, warm or cold, is taken from where the sampled blocks lie in
@@ -75,7 +76,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::once_reused::{OnceReused, ResidencyOrder, Rule};
+use super::once_reused::{OnceReused, ResidencyOrder, Rule, Witnesses};
 use super::{EvictionPolicy, Retention};
 use crate::alloc::filled;
 use crate::error::Result;
@@ -135,7 +136,11 @@ struct Shadow {
 impl Shadow {
     fn new(num_blocks: usize, rule: Rule) -> Result<Self> {
         Ok(Self {
-            policy: OnceReused::new(num_blocks, rule)?,
+            policy: {
+                let mut policy = OnceReused::new(num_blocks, rule)?;
+                policy.set_witnesses(Witnesses::ByFingerprint);
+                policy
+            },
             block_of: FxHashMap::default(),
             hash_of: filled(num_blocks, 0, "a shadow cache")?,
             fresh: (0..num_blocks as BlockId).rev().collect(),

@@ -23,18 +23,21 @@ const LIFE: u32 = 256;
 /// a life).
 const GEN_BITS: u32 = 11;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-/// Bits of an entry's tag (the rest of the 32 bits: list 1, generation 11).
-const TAG_BITS: u32 = 20;
-/// Entries per bucket: one 64-byte cache line.
+/// Bits of an entry's tag (the rest of the 64 bits: list 1, generation 11).
+const TAG_BITS: u32 = 52;
+/// Entries per bucket: two 64-byte cache lines.
 const WAYS: usize = 16;
+
+/// One way of a bucket: tag, list and generation.
+type Entry = u64;
 
 /// Two ghost lists: each remembers about the last `capacity` fingerprints
 /// pushed to it, and `take` finds a fingerprint in either with one memory
 /// access.
 ///
 /// ```text
-///   bucket = fingerprint * golden >> shift        (16 ways of 4 bytes: a cache line)
-///   entry  = tag: 20 bits of the fingerprint | list: 1 bit | generation: 11 bits
+///   bucket = fingerprint * golden >> shift        (16 ways of 8 bytes: two cache lines)
+///   entry  = tag: 52 bits of the fingerprint | list: 1 bit | generation: 11 bits
 ///   live   = generations[list] - generation < life (256)   (older entries expire)
 /// ```
 ///
@@ -49,13 +52,16 @@ const WAYS: usize = 16;
 /// the least life left, so a fingerprint can be forgotten early; buckets
 /// are a quarter full on average, so that is rare (it matters: losing old
 /// ghosts of the busier list starves ARC of the returns it learns from).
-/// A false match needs a 20-bit tag collision within one bucket (about 4
-/// live entries: 1 in 250,000 lookups). Memory is fixed at construction:
-/// a bucket of 16 ways per two fingerprints a list holds (rounded up to a
-/// power of two), so 16 to 32 bytes per fingerprint remembered.
+/// A false match needs a 52-bit tag collision within one bucket: none in
+/// practice. (With 20-bit tags, 1 lookup in 250,000 matched falsely: a
+/// few dozen in a long replay, different ones for each hash seed, which
+/// moved residency's outcome by 2% or more: docs/eviction.md, the
+/// thirteenth round.) Memory is fixed at construction: a bucket of 16
+/// ways per two fingerprints a list holds (rounded up to a power of two),
+/// so 32 to 64 bytes per fingerprint remembered.
 #[derive(Debug, Clone, Copy)]
-#[repr(align(64))]
-struct Bucket([u32; WAYS]);
+#[repr(align(128))]
+struct Bucket([Entry; WAYS]);
 
 #[derive(Debug)]
 pub(crate) struct GhostLists {
@@ -113,21 +119,21 @@ impl GhostLists {
             .unwrap_or(0) as usize
     }
 
-    /// The entry's tag: 20 bits of the fingerprint's high half, never 0.
-    fn tag(fp: u64) -> u32 {
-        (fp >> 32) as u32 & ((1 << TAG_BITS) - 1) | 1
+    /// The entry's tag: the fingerprint's top 52 bits, never 0.
+    fn tag(fp: u64) -> Entry {
+        fp >> (64 - TAG_BITS) | 1
     }
 
     /// A live entry's list and age in generations (`None` for an empty way
     /// or an expired entry).
-    fn live(&self, entry: u32) -> Option<(usize, u32)> {
+    fn live(&self, entry: Entry) -> Option<(usize, u32)> {
         let list = (entry >> GEN_BITS & 1) as usize;
-        let age = self.generations[list].wrapping_sub(entry & GEN_MASK) & GEN_MASK;
+        let age = self.generations[list].wrapping_sub(entry as u32 & GEN_MASK) & GEN_MASK;
         (entry != 0 && age < self.life).then_some((list, age))
     }
 
     /// Generations to go before the entry expires (0: dead or empty).
-    fn life(&self, entry: u32) -> u32 {
+    fn life(&self, entry: Entry) -> u32 {
         self.live(entry).map_or(0, |(_, age)| self.life - age)
     }
 
@@ -143,7 +149,7 @@ impl GhostLists {
     }
 
     /// The way of bucket `b` holding `tag`, live or not.
-    fn way_of(&self, b: usize, tag: u32) -> Option<usize> {
+    fn way_of(&self, b: usize, tag: Entry) -> Option<usize> {
         // A mask of the matching ways, which the compiler vectorizes.
         let matches = self.buckets[b]
             .0
@@ -174,7 +180,10 @@ impl GhostLists {
     /// `push` of it soon after does not wait for memory (a hint: the
     /// processor may drop it).
     pub(crate) fn prefetch(&self, fp: u64) {
-        prefetch_line(std::ptr::from_ref(&self.buckets[self.bucket(fp)]).cast());
+        let ways = &self.buckets[self.bucket(fp)].0;
+        for way in [0, WAYS / 2] {
+            prefetch_line(std::ptr::from_ref(&ways[way]).cast());
+        }
     }
 
     /// Loads `fp`'s bucket now, its value dropped: a batch of these before
@@ -182,7 +191,8 @@ impl GhostLists {
     /// hints were dropped (the long-prompt bench's profile: a store's lookup
     /// missed as often with its hint given at admission as without).
     pub(crate) fn load(&self, fp: u64) {
-        std::hint::black_box(self.buckets[self.bucket(fp)].0[0]);
+        let ways = &self.buckets[self.bucket(fp)].0;
+        std::hint::black_box((ways[0], ways[WAYS / 2]));
     }
 
     /// Remembers `fp` in list `list`, as its newest entry.
@@ -213,7 +223,8 @@ impl GhostLists {
         });
         self.clear(b, way);
         let generation = self.generations[list] & GEN_MASK;
-        self.buckets[b].0[way] = tag << (GEN_BITS + 1) | (list as u32) << GEN_BITS | generation;
+        self.buckets[b].0[way] =
+            tag << (GEN_BITS + 1) | (list as Entry) << GEN_BITS | Entry::from(generation);
         let slot = self.born_slot(list, 0);
         self.born[list][slot] += 1;
         self.len[list] += 1;
@@ -289,6 +300,23 @@ mod tests {
         assert_eq!(g.take(same[0]), None);
         assert!(same[1..=WAYS].iter().all(|&f| g.take(f) == Some(0)));
         assert_eq!(g.len(1), 60);
+    }
+
+    #[test]
+    fn a_fingerprint_never_pushed_is_not_found_beside_a_near_twin() {
+        // Fingerprints that share a bucket with a pushed one and differ
+        // from it only in bits 12 to 31 (20-bit tags took theirs from bits
+        // 32 to 51: every one of these matched).
+        let mut g = GhostLists::new(64).unwrap();
+        let pushed = fp(7);
+        g.push(0, pushed);
+        let twins: Vec<u64> = (1..4000u64)
+            .map(|k| pushed ^ k << 12)
+            .filter(|&f| g.bucket(f) == g.bucket(pushed))
+            .collect();
+        assert!(twins.len() > 50, "{} twins", twins.len());
+        assert!(twins.iter().all(|&f| g.take(f).is_none()));
+        assert_eq!(g.take(pushed), Some(0));
     }
 
     #[test]
