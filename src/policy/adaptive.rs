@@ -70,9 +70,9 @@
 //! hash seed) give the same choices.
 //!
 //! Memory: two shadows of at most 4,096 blocks, each an
-//! [`OnceReused`] (about 96 bytes a block) and a map from hash to
-//! block (about 45): some 140 bytes a shadow block, at most 1.2 MB per
-//! cache, 18 bytes per block of a 16,383-block cache.
+//! [`OnceReused`] (about 160 bytes a block) and a map from hash to
+//! block (about 45): some 205 bytes a shadow block, at most 1.7 MB per
+//! cache, 26 bytes per block of a 16,383-block cache.
 
 use rustc_hash::FxHashMap;
 

@@ -112,14 +112,15 @@
 //! Every list keeps the manager's tail-first release order, so within a
 //! list a chain's deepest blocks go before its root.
 //!
-//! Costs: O(1) per call; a ghost lookup or push touches one cache line;
+//! Costs: O(1) per call; a ghost lookup or push touches one bucket (two
+//! adjacent cache lines);
 //! every 128 witness returns the 240-bucket age table is rebuilt.
 //! Memory per block of the cache: one entry of 32 bytes, its links in the
 //! six lists (which share one array: a block is in one list at a time) and
 //! its state beside them (release stamp, fingerprint, classes), so moving a
-//! block touches one line; and the ghost table, 32 bytes per ghost a list
-//! holds rounded up to a power of two (each list holds 2 x num_blocks): 64
-//! to 128 bytes; 96 bytes per block for a 16,383-block cache, against the
+//! block touches one line; and the ghost table, 64 bytes per ghost a list
+//! holds rounded up to a power of two (each list holds 2 x num_blocks): 128
+//! to 256 bytes; 160 bytes per block for a 16,383-block cache, against the
 //! 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
