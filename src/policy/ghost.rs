@@ -1,5 +1,5 @@
 //! Ghost lists: the fingerprints of recently evicted blocks, two lists in
-//! one compact table.
+//! one compact table, each fingerprint with a mark of the caller's.
 
 use crate::alloc::filled;
 use crate::error::Result;
@@ -23,21 +23,34 @@ const LIFE: u32 = 256;
 /// a life).
 const GEN_BITS: u32 = 11;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-/// Bits of an entry's tag (the rest of the 64 bits: list 1, generation 11).
-const TAG_BITS: u32 = 52;
+/// Bits of an entry's tag (the rest of the 64 bits: mark 1, list 1,
+/// generation 11).
+const TAG_BITS: u32 = 51;
+/// Where an entry's list, mark and tag begin.
+const LIST_SHIFT: u32 = GEN_BITS;
+const MARK_SHIFT: u32 = GEN_BITS + 1;
+const TAG_SHIFT: u32 = GEN_BITS + 2;
 /// Entries per bucket: two 64-byte cache lines.
 const WAYS: usize = 16;
 
-/// One way of a bucket: tag, list and generation.
+/// One way of a bucket: tag, mark, list and generation.
 type Entry = u64;
 
+/// A fingerprint [`GhostLists::take`] found: the list that remembered it,
+/// and the mark it was pushed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ghost {
+    pub(crate) list: usize,
+    pub(crate) marked: bool,
+}
+
 /// Two ghost lists: each remembers about the last `capacity` fingerprints
-/// pushed to it, and `take` finds a fingerprint in either with one memory
-/// access.
+/// pushed to it, and `take` finds a fingerprint in either in one bucket
+/// (two adjacent cache lines).
 ///
 /// ```text
 ///   bucket = fingerprint * golden >> shift        (16 ways of 8 bytes: two cache lines)
-///   entry  = tag: 52 bits of the fingerprint | list: 1 bit | generation: 11 bits
+///   entry  = tag: fingerprint * other >> 13 | mark | list | generation: 11 bits
 ///   live   = generations[list] - generation < life (256)   (older entries expire)
 /// ```
 ///
@@ -45,18 +58,18 @@ type Entry = u64;
 /// (rounded up), so an entry lives for its list's next `capacity` pushes,
 /// less up to 1/128 of them (exactly `capacity`, for lists of up to 256).
 /// Entries expire by their generation, so nothing is ever cleaned up
-/// beyond the line at hand: a push writes one entry (and clears the dead
+/// beyond the bucket at hand: a push writes one entry (and clears the dead
 /// ones of its bucket), a take clears one. How many entries each
 /// generation still holds is counted, so a list's length is exact as
 /// generations expire. A push into a full bucket replaces its entry with
 /// the least life left, so a fingerprint can be forgotten early; buckets
 /// are a quarter full on average, so that is rare (it matters: losing old
 /// ghosts of the busier list starves ARC of the returns it learns from).
-/// A false match needs a 52-bit tag collision within one bucket: none in
+/// A false match needs a 51-bit tag collision within one bucket: none in
 /// practice. (With 20-bit tags, 1 lookup in 250,000 matched falsely: a
 /// few dozen in a long replay, different ones for each hash seed, which
-/// moved residency's outcome by 2% or more: docs/eviction.md, the
-/// thirteenth round.) Memory is fixed at construction: a bucket of 16
+/// moved the hit rate of `adaptive`'s real cache by 2% or more:
+/// docs/eviction.md, the thirteenth round.) Memory is fixed at construction: a bucket of 16
 /// ways per two fingerprints a list holds (rounded up to a power of two),
 /// so 32 to 64 bytes per fingerprint remembered.
 #[derive(Debug, Clone, Copy)]
@@ -119,15 +132,17 @@ impl GhostLists {
             .unwrap_or(0) as usize
     }
 
-    /// The entry's tag: the fingerprint's top 52 bits, never 0.
+    /// The entry's tag: 51 bits of the fingerprint mixed by another
+    /// multiplier than the bucket's (a caller's hashes need not be uniform
+    /// in any bits), never 0.
     fn tag(fp: u64) -> Entry {
-        fp >> (64 - TAG_BITS) | 1
+        fp.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - TAG_BITS) | 1
     }
 
     /// A live entry's list and age in generations (`None` for an empty way
     /// or an expired entry).
     fn live(&self, entry: Entry) -> Option<(usize, u32)> {
-        let list = (entry >> GEN_BITS & 1) as usize;
+        let list = (entry >> LIST_SHIFT & 1) as usize;
         let age = self.generations[list].wrapping_sub(entry as u32 & GEN_MASK) & GEN_MASK;
         (entry != 0 && age < self.life).then_some((list, age))
     }
@@ -150,20 +165,18 @@ impl GhostLists {
 
     /// The way of bucket `b` holding `tag`, live or not.
     fn way_of(&self, b: usize, tag: Entry) -> Option<usize> {
-        // A mask of the matching ways, which the compiler vectorizes.
+        // A mask of the matching ways, without a branch a way.
         let matches = self.buckets[b]
             .0
             .iter()
             .enumerate()
-            .fold(0u32, |m, (w, &e)| {
-                m | u32::from(e >> (GEN_BITS + 1) == tag) << w
-            });
+            .fold(0u32, |m, (w, &e)| m | u32::from(e >> TAG_SHIFT == tag) << w);
         (matches != 0).then(|| matches.trailing_zeros() as usize)
     }
 
-    /// Clears way `way` of bucket `b`; a live entry is counted out, and its
-    /// list returned.
-    fn clear(&mut self, b: usize, way: usize) -> Option<usize> {
+    /// Clears way `way` of bucket `b`; a live entry is counted out, and
+    /// returned.
+    fn clear(&mut self, b: usize, way: usize) -> Option<Ghost> {
         let entry = std::mem::take(&mut self.buckets[b].0[way]);
         let (list, age) = self.live(entry)?;
         // Saturating: counts stay sane even if an entry outlived eight
@@ -173,7 +186,10 @@ impl GhostLists {
         let born = &mut self.born[list][slot];
         *born = born.saturating_sub(1);
         self.len[list] = self.len[list].saturating_sub(1);
-        Some(list)
+        Some(Ghost {
+            list,
+            marked: entry >> MARK_SHIFT & 1 == 1,
+        })
     }
 
     /// Starts loading `fp`'s bucket into the cache, so that a `take` or
@@ -195,8 +211,8 @@ impl GhostLists {
         std::hint::black_box((ways[0], ways[WAYS / 2]));
     }
 
-    /// Remembers `fp` in list `list`, as its newest entry.
-    pub(crate) fn push(&mut self, list: usize, fp: u64) {
+    /// Remembers `fp` in list `list`, as its newest entry, with `marked`.
+    pub(crate) fn push(&mut self, list: usize, fp: u64, marked: bool) {
         // A new generation: the one a life before it expires.
         if self.to_next_generation[list] == 0 {
             self.to_next_generation[list] = self.generation_len;
@@ -223,15 +239,17 @@ impl GhostLists {
         });
         self.clear(b, way);
         let generation = self.generations[list] & GEN_MASK;
-        self.buckets[b].0[way] =
-            tag << (GEN_BITS + 1) | (list as Entry) << GEN_BITS | Entry::from(generation);
+        self.buckets[b].0[way] = tag << TAG_SHIFT
+            | Entry::from(marked) << MARK_SHIFT
+            | (list as Entry) << LIST_SHIFT
+            | Entry::from(generation);
         let slot = self.born_slot(list, 0);
         self.born[list][slot] += 1;
         self.len[list] += 1;
     }
 
-    /// Forgets `fp`; returns the list that remembered it.
-    pub(crate) fn take(&mut self, fp: u64) -> Option<usize> {
+    /// Forgets `fp`; returns the list that remembered it, and its mark.
+    pub(crate) fn take(&mut self, fp: u64) -> Option<Ghost> {
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
         let way = self.way_of(b, tag)?;
@@ -242,6 +260,11 @@ impl GhostLists {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Takes `f` from `g`: the list that remembered it.
+    fn list(g: &mut GhostLists, f: u64) -> Option<usize> {
+        g.take(f).map(|ghost| ghost.list)
+    }
 
     /// Distinct fingerprints spread over the table.
     fn fp(i: u64) -> u64 {
@@ -254,34 +277,37 @@ mod tests {
         let mut g = GhostLists::new(3).unwrap();
         let f: Vec<u64> = (0..7).map(fp).collect();
         for &x in &f[..4] {
-            g.push(0, x);
+            g.push(0, x, false);
         }
-        g.push(1, f[6]);
+        g.push(1, f[6], false);
         assert_eq!((g.len(0), g.len(1)), (3, 1));
-        assert_eq!(g.take(f[0]), None, "the oldest expired");
-        assert_eq!(g.take(f[1]), Some(0));
-        assert_eq!(g.take(f[1]), None);
-        assert_eq!(g.take(f[6]), Some(1));
+        assert_eq!(list(&mut g, f[0]), None, "the oldest expired");
+        assert_eq!(list(&mut g, f[1]), Some(0));
+        assert_eq!(list(&mut g, f[1]), None);
+        assert_eq!(list(&mut g, f[6]), Some(1));
         assert_eq!((g.len(0), g.len(1)), (2, 0));
-        g.push(0, f[4]); // expires f[1], taken already
-        g.push(0, f[5]); // expires f[2]
-        assert_eq!(g.take(f[2]), None);
-        assert_eq!([g.take(f[3]), g.take(f[4]), g.take(f[5])], [Some(0); 3]);
-        assert_eq!(g.take(fp(1 << 40)), None, "never pushed");
+        g.push(0, f[4], false); // expires f[1], taken already
+        g.push(0, f[5], false); // expires f[2]
+        assert_eq!(list(&mut g, f[2]), None);
+        assert_eq!(
+            [list(&mut g, f[3]), list(&mut g, f[4]), list(&mut g, f[5])],
+            [Some(0); 3]
+        );
+        assert_eq!(list(&mut g, fp(1 << 40)), None, "never pushed");
     }
 
     #[test]
     fn a_second_sighting_moves_the_fingerprint() {
         let mut g = GhostLists::new(2).unwrap();
         let f: Vec<u64> = (0..4).map(fp).collect();
-        g.push(0, f[0]);
-        g.push(1, f[0]);
+        g.push(0, f[0], false);
+        g.push(1, f[0], false);
         assert_eq!((g.len(0), g.len(1)), (0, 1));
         // List 0 turns over; f[0] lives on in list 1.
         for &x in &f[1..] {
-            g.push(0, x);
+            g.push(0, x, false);
         }
-        assert_eq!(g.take(f[0]), Some(1));
+        assert_eq!(list(&mut g, f[0]), Some(1));
     }
 
     #[test]
@@ -290,33 +316,48 @@ mod tests {
         let b = g.bucket(fp(0));
         let (same, others): (Vec<u64>, Vec<u64>) =
             (0..2000).map(fp).partition(|&f| g.bucket(f) == b);
-        g.push(1, same[0]);
+        g.push(1, same[0], false);
         for &f in &others[..60] {
-            g.push(1, f); // list 1 ages: same[0] has 4 pushes to live
+            g.push(1, f, false); // list 1 ages: same[0] has 4 pushes to live
         }
         for &f in &same[1..=WAYS] {
-            g.push(0, f); // the last one finds the bucket full
+            g.push(0, f, false); // the last one finds the bucket full
         }
-        assert_eq!(g.take(same[0]), None);
-        assert!(same[1..=WAYS].iter().all(|&f| g.take(f) == Some(0)));
+        assert_eq!(list(&mut g, same[0]), None);
+        assert!(same[1..=WAYS].iter().all(|&f| list(&mut g, f) == Some(0)));
         assert_eq!(g.len(1), 60);
     }
 
     #[test]
     fn a_fingerprint_never_pushed_is_not_found_beside_a_near_twin() {
         // Fingerprints that share a bucket with a pushed one and differ
-        // from it only in bits 12 to 31 (20-bit tags took theirs from bits
-        // 32 to 51: every one of these matched).
+        // from it only in bits 13 to 24 (20-bit tags were bits 32 to 51 of
+        // the fingerprint: every one of these matched).
         let mut g = GhostLists::new(64).unwrap();
         let pushed = fp(7);
-        g.push(0, pushed);
+        g.push(0, pushed, false);
         let twins: Vec<u64> = (1..4000u64)
-            .map(|k| pushed ^ k << 12)
+            .map(|k| pushed ^ k << 13)
             .filter(|&f| g.bucket(f) == g.bucket(pushed))
             .collect();
         assert!(twins.len() > 50, "{} twins", twins.len());
-        assert!(twins.iter().all(|&f| g.take(f).is_none()));
-        assert_eq!(g.take(pushed), Some(0));
+        assert!(twins.iter().all(|&f| list(&mut g, f).is_none()));
+        assert_eq!(list(&mut g, pushed), Some(0));
+    }
+
+    #[test]
+    fn a_ghost_keeps_the_mark_of_its_last_push() {
+        let mut g = GhostLists::new(8).unwrap();
+        let f: Vec<u64> = (0..3).map(fp).collect();
+        g.push(0, f[0], true);
+        g.push(1, f[1], false);
+        g.push(1, f[2], true);
+        g.push(0, f[2], false); // a second sighting replaces the mark too
+        let ghost = |list, marked| Some(Ghost { list, marked });
+        assert_eq!(g.take(f[0]), ghost(0, true));
+        assert_eq!(g.take(f[1]), ghost(1, false));
+        assert_eq!(g.take(f[2]), ghost(0, false));
+        assert_eq!(g.take(f[2]), None);
     }
 
     #[test]
@@ -324,15 +365,17 @@ mod tests {
         let n = 10_000;
         let mut g = GhostLists::new(n).unwrap();
         for i in 0..3 * n as u64 {
-            g.push((i % 2) as usize, fp(i));
+            g.push((i % 2) as usize, fp(i), false);
         }
         // The last 2n pushes alternate between the lists: all live.
         let found = (n as u64..3 * n as u64)
-            .filter(|&i| g.take(fp(i)).is_some())
+            .filter(|&i| list(&mut g, fp(i)).is_some())
             .count();
         assert!(found >= 2 * n * 95 / 100, "{found} of {}", 2 * n);
         assert_eq!(
-            (0..n as u64).filter(|&i| g.take(fp(i)).is_some()).count(),
+            (0..n as u64)
+                .filter(|&i| list(&mut g, fp(i)).is_some())
+                .count(),
             0
         );
     }
@@ -359,7 +402,7 @@ mod tests {
                     // A recent push of either list (or one long expired).
                     g.take(fp(step.saturating_sub(x >> 40 & 2047)));
                 }
-                _ => g.push(list, fp(step)),
+                _ => g.push(list, fp(step), false),
             }
             if step % 97 == 0 {
                 for list in 0..2 {
@@ -380,12 +423,12 @@ mod tests {
             (1023, 1020, false),
         ] {
             let mut g = GhostLists::new(capacity).unwrap();
-            g.push(0, fp(0));
+            g.push(0, fp(0), false);
             for i in 1..=later {
-                g.push(0, fp(i));
-                g.push(1, fp(1 << 20 | i)); // the other list does not age it
+                g.push(0, fp(i), false);
+                g.push(1, fp(1 << 20 | i), false); // the other list does not age it
             }
-            assert_eq!(g.take(fp(0)).is_some(), alive, "{later} pushes later");
+            assert_eq!(list(&mut g, fp(0)).is_some(), alive, "{later} pushes later");
         }
     }
 
@@ -396,16 +439,16 @@ mod tests {
         let b = g.bucket(fp(0));
         let (same, others): (Vec<u64>, Vec<u64>) =
             (0..4000).map(fp).partition(|&f| g.bucket(f) == b);
-        g.push(0, same[0]);
-        g.push(0, same[1]); // way 1, after way 0 is emptied
-        g.take(same[0]);
+        g.push(0, same[0], false);
+        g.push(0, same[1], false); // way 1, after way 0 is emptied
+        list(&mut g, same[0]);
         for &f in &others[..64] {
-            g.push(0, f); // same[1] expires
+            g.push(0, f, false); // same[1] expires
         }
-        g.push(0, same[2]); // into way 0, clearing same[1]
+        g.push(0, same[2], false); // into way 0, clearing same[1]
         for &f in &others[64..2050] {
-            g.push(0, f); // same[1]'s generation comes round again
+            g.push(0, f, false); // same[1]'s generation comes round again
         }
-        assert_eq!(g.take(same[1]), None);
+        assert_eq!(list(&mut g, same[1]), None);
     }
 }

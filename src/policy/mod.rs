@@ -29,6 +29,7 @@
 
 mod adaptive;
 mod ghost;
+mod kept_evictions;
 mod lru;
 mod near_returns;
 mod once_reused;

@@ -52,15 +52,17 @@
 //! Stale blocks are residents that stopped coming (conversations that
 //! ended): without the horizon they outlive every cold request, which is
 //! what loses to LRU once the cache holds most of what returns. The horizon
-//! is learned from witnesses, one kept block in 16, which are never
+//! is learned from witnesses, one block stored in 16, which are never
 //! evicted as stale: their returns are measured under the plain rule, so a
 //! horizon too short cannot hide the later returns that would lengthen it
 //! (learned from every kept block, it shrinks itself: a block evicted as
-//! stale never shows its return). A cache picks its witnesses in store
-//! order (the 16th block stored, the 32nd, ...), so that its choices do
-//! not depend on the hash seed; a shadow cache of [`super::Adaptive`],
-//! which sees a sample of the blocks by hash already, picks them by
-//! fingerprint ([`Witnesses`]; docs/eviction.md, the thirteenth round).
+//! stale never shows its return). A cache picks its witnesses by the count
+//! of blocks stored, so that its choices do not depend on the hash seed; a
+//! shadow cache of [`super::Adaptive`], which sees a sample of the blocks
+//! by hash already, picks them by fingerprint ([`Witnesses`];
+//! docs/eviction.md, the thirteenth round). Where kept blocks evicted
+//! before the horizon rarely come back, the horizon is the oldest return
+//! learned ([`KeptEvictions`]).
 //!
 //! Both rules classify every block all the time, whichever is in force: a
 //! cached block is once or reused (ARC's view) and on probation or kept
@@ -124,6 +126,7 @@
 //! 2.5 MiB a block of DeepSeek-V3 KV takes in fp8.
 
 use super::ghost::{fingerprint, GhostLists};
+use super::kept_evictions::KeptEvictions;
 use super::return_ages::{Learning, ReturnAges, AGE_BUCKETS};
 use super::{EvictionPolicy, Retention};
 use crate::error::Result;
@@ -185,8 +188,11 @@ const WITNESSES: usize = 4;
 const ONCE_LISTS: [usize; 3] = [0, KEPT, WITNESSES];
 const REUSED_LISTS: [usize; 3] = [ARC_REUSED, ARC_REUSED + KEPT, WITNESSES + 1];
 const KEPT_LISTS: [usize; 4] = [KEPT, ARC_REUSED + KEPT, WITNESSES, WITNESSES + 1];
-/// One kept block in this many is a witness.
+/// One block stored in this many is a witness (a power of two).
 const WITNESS_RATE: u64 = 16;
+/// Spreads the count of blocks stored over 64 bits (Fibonacci hashing):
+/// its top bits pick the witnesses.
+const STORE_COUNT_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 /// How the witnesses' return ages are learned: rebuilt every 128 returns,
 /// halved past 256 (a witness returns for every 16 kept blocks, so this
 /// follows the traffic about as fast as `return_time`'s tables); the
@@ -201,13 +207,16 @@ const WITNESS_RETURNS: Learning = Learning {
 /// How the witnesses are picked, one block stored in [`WITNESS_RATE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Witnesses {
-    /// The 16th block stored, the 32nd, ...: the same blocks for every
-    /// hash seed. A witness by fingerprint varied residency's hit rate by
-    /// up to 5.6% (relative) over ten hash seeds.
-    InStoreOrder,
-    /// Blocks whose fingerprint is 0 modulo 16: for a shadow cache, whose
-    /// blocks are a sample by hash (there, in store order, the stride's
-    /// phase decided the duel on some workloads).
+    /// By the count of blocks stored (the top bits of the count times
+    /// [`STORE_COUNT_MIX`] are 0): the same blocks for every hash seed,
+    /// spread so that no stride of the traffic (blocks stored per request)
+    /// puts them at the same depth of every chain. By fingerprint,
+    /// residency's hit rate varied by up to 5.6% (relative) over ten hash
+    /// seeds.
+    ByStoreCount,
+    /// Blocks whose fingerprint has bits 40 to 43 at 0: for a shadow
+    /// cache, whose blocks are a sample by hash (there, by store count,
+    /// which blocks are witnesses decided the duel on some workloads).
     ByFingerprint,
 }
 
@@ -267,12 +276,26 @@ pub(crate) struct OnceReused {
     /// Return ages of kept witnesses (in releases), and the horizon past
     /// which a kept block is stale.
     returns: ReturnAges,
-    /// How witnesses are picked, and blocks stored so far.
+    /// How witnesses are picked.
     witnesses: Witnesses,
+    /// Blocks stored so far.
     stored: u64,
-    /// `evict_many`'s victims' ghost lists and fingerprints (kept to reuse
-    /// its allocation).
-    victim_ghosts: Vec<(usize, u64)>,
+    /// Kept blocks evicted before the horizon under residency, and their
+    /// returns (their ghosts are marked).
+    kept_evictions: KeptEvictions,
+    /// `evict_many`'s victims' ghosts (kept to reuse its allocation).
+    victim_ghosts: Vec<VictimGhost>,
+}
+
+/// What a victim leaves in the ghost lists.
+#[derive(Debug, Clone, Copy)]
+struct VictimGhost {
+    /// [`ONCE`] or [`REUSED`].
+    list: usize,
+    fingerprint: u64,
+    /// A kept block evicted before the horizon under residency (the ghost's
+    /// mark: its return is counted in [`KeptEvictions`]).
+    kept_early: bool,
 }
 
 impl OnceReused {
@@ -289,13 +312,14 @@ impl OnceReused {
             kept_before_arc: 0,
             residency_order: ResidencyOrder::Plain,
             returns: ReturnAges::new(WITNESS_RETURNS),
-            witnesses: Witnesses::InStoreOrder,
+            witnesses: Witnesses::ByStoreCount,
             stored: 0,
+            kept_evictions: KeptEvictions::default(),
             victim_ghosts: Vec::new(),
         })
     }
 
-    /// How witnesses are picked from now on ([`Witnesses::InStoreOrder`]
+    /// How witnesses are picked from now on ([`Witnesses::ByStoreCount`]
     /// unless set).
     pub(crate) fn set_witnesses(&mut self, witnesses: Witnesses) {
         self.witnesses = witnesses;
@@ -305,7 +329,10 @@ impl OnceReused {
     fn next_is_witness(&mut self, fp: u64) -> bool {
         self.stored += 1;
         match self.witnesses {
-            Witnesses::InStoreOrder => self.stored % WITNESS_RATE == 0,
+            Witnesses::ByStoreCount => {
+                self.stored.wrapping_mul(STORE_COUNT_MIX) >> (64 - WITNESS_RATE.trailing_zeros())
+                    == 0
+            }
             Witnesses::ByFingerprint => (fp >> 40) % WITNESS_RATE == 0,
         }
     }
@@ -421,23 +448,52 @@ impl OnceReused {
             .map(|(_, l)| l)
     }
 
+    /// Remembers a victim in the ghost lists.
+    fn push_ghost(&mut self, ghost: VictimGhost) {
+        self.ghosts
+            .push(ghost.list, ghost.fingerprint, ghost.kept_early);
+    }
+
+    /// Past this age a kept block is stale: the horizon, or the oldest
+    /// return learned where kept blocks evicted before the horizon rarely
+    /// come back (see [`KeptEvictions`]).
+    fn stale_age(&self) -> u32 {
+        let horizon = self.returns.horizon();
+        if self.kept_evictions.rarely_return() {
+            horizon.min(self.returns.oldest_return())
+        } else {
+            horizon
+        }
+    }
+
     /// Takes the next victim out of its list (it is uncached from now on):
-    /// the block, the ghost list it goes to and its fingerprint. Fetches the
-    /// entry of the block after the list's new front, which a run of victims
-    /// reaches next but one.
-    fn take_victim(&mut self) -> Option<(BlockId, usize, u64)> {
+    /// the block and its ghost (list, fingerprint, and whether it was a
+    /// kept block evicted before the horizon under residency). Fetches the
+    /// entry of the block after the list's new front, which a run of
+    /// victims reaches next but one.
+    fn take_victim(&mut self) -> Option<(BlockId, VictimGhost)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
+        let kept_early = self.rule == Rule::Residency
+            && KEPT_LISTS.contains(&list)
+            && self.age(block) <= self.returns.horizon();
+        if kept_early {
+            self.kept_evictions.evicted();
+        }
         if let Some(after) = self.lists.front(list).and_then(|b| self.lists.after(b)) {
             self.lists.prefetch(after);
         }
         self.set_class(block, Class::Uncached);
-        let ghost = if REUSED_LISTS.contains(&list) {
-            REUSED
-        } else {
-            ONCE
+        let ghost = VictimGhost {
+            list: if REUSED_LISTS.contains(&list) {
+                REUSED
+            } else {
+                ONCE
+            },
+            fingerprint: self.lists.record(block).fingerprint,
+            kept_early,
         };
-        Some((block, ghost, self.lists.record(block).fingerprint))
+        Some((block, ghost))
     }
 
     /// The list the next victim comes from.
@@ -446,9 +502,10 @@ impl OnceReused {
         match self.rule {
             Rule::Residency => {
                 let kept = self.oldest(&[KEPT, reused_kept]);
+                let stale_age = self.stale_age();
                 let stale = kept.filter(|&k| {
                     let front = self.lists.front(k).expect("nonempty");
-                    self.age(front) > self.returns.horizon()
+                    self.age(front) > stale_age
                 });
                 let nonempty = |l: usize| (!self.lists.is_empty(l)).then_some(l);
                 stale.or_else(|| match self.residency_order {
@@ -495,7 +552,11 @@ impl EvictionPolicy for OnceReused {
         let fp = fingerprint(hash);
         self.lists.record_mut(block).fingerprint = fp;
         let (b1, b2) = (self.ghosts.len(ONCE), self.ghosts.len(REUSED));
-        let returned = match self.ghosts.take(fp) {
+        let ghost = self.ghosts.take(fp);
+        if ghost.is_some_and(|g| g.marked) {
+            self.kept_evictions.returned();
+        }
+        let returned = match ghost.map(|g| g.list) {
             Some(ONCE) => {
                 // Evicted as seen-once, yet it came back: keep new blocks longer.
                 self.target = (self.target + (b2 / b1).max(1)).min(self.capacity);
@@ -535,8 +596,8 @@ impl EvictionPolicy for OnceReused {
     }
 
     fn evict(&mut self) -> Option<BlockId> {
-        let (block, ghost, fp) = self.take_victim()?;
-        self.ghosts.push(ghost, fp);
+        let (block, ghost) = self.take_victim()?;
+        self.push_ghost(ghost);
         Some(block)
     }
 
@@ -548,15 +609,15 @@ impl EvictionPolicy for OnceReused {
         let mut ghosts = std::mem::take(&mut self.victim_ghosts);
         ghosts.clear();
         while out.len() - start < n {
-            let Some((block, ghost, fp)) = self.take_victim() else {
+            let Some((block, ghost)) = self.take_victim() else {
                 break;
             };
-            self.ghosts.prefetch(fp);
-            ghosts.push((ghost, fp));
+            self.ghosts.prefetch(ghost.fingerprint);
+            ghosts.push(ghost);
             out.push(block);
         }
-        for &(ghost, fp) in &ghosts {
-            self.ghosts.push(ghost, fp);
+        for &ghost in &ghosts {
+            self.push_ghost(ghost);
         }
         self.victim_ghosts = ghosts;
         out.len() - start
@@ -909,34 +970,92 @@ mod tests {
         assert_ne!(p.returns.learned(), learned, "this one is");
     }
 
+    /// The stores (counted from 1) whose block `witnesses` makes a witness,
+    /// of 1,600 stores of block 0 under the hashes `hash` gives.
+    fn witnesses_picked(witnesses: Witnesses, hash: impl Fn(u128) -> BlockHash) -> Vec<u128> {
+        let mut p = OnceReused::new(4, Rule::Residency).unwrap();
+        p.set_witnesses(witnesses);
+        let mut picked = Vec::new();
+        for i in 1..=1600u128 {
+            // Block 0 stored again and again: a witness is per store.
+            p.on_store(0, hash(i), Retention::Keep, None);
+            if p.lists.record(0).witness {
+                picked.push(i);
+            }
+            p.forget(0);
+        }
+        picked
+    }
+
     #[test]
-    fn a_cache_picks_every_16th_block_stored_as_a_witness_whatever_its_hash() {
-        // Hashes that are witnesses by fingerprint, and hashes that are not.
+    fn a_cache_picks_one_block_stored_in_16_as_a_witness_whatever_its_hash() {
+        // Every hash a witness by fingerprint, then none.
         let by_fingerprint = |x: u128| BlockHash(x << 1);
         let not_by_fingerprint = |x: u128| BlockHash(x << 1 | 1 << 41);
-        for witnesses in [Witnesses::InStoreOrder, Witnesses::ByFingerprint] {
-            let mut p = OnceReused::new(4, Rule::Residency).unwrap();
-            p.set_witnesses(witnesses);
-            let mut picked = Vec::new();
-            for i in 1..=48u128 {
-                let hash = if i % 2 == 0 {
-                    by_fingerprint(i)
-                } else {
-                    not_by_fingerprint(i)
-                };
-                // Block 0 stored again and again: a witness is per store.
-                p.on_store(0, hash, Retention::Keep, None);
-                if p.lists.record(0).witness {
-                    picked.push(i);
-                }
-                p.forget(0);
-            }
-            let expected: Vec<u128> = match witnesses {
-                Witnesses::InStoreOrder => vec![16, 32, 48],
-                Witnesses::ByFingerprint => (1..=24).map(|i| 2 * i).collect(),
-            };
-            assert_eq!(picked, expected, "{witnesses:?}");
+        let picked = witnesses_picked(Witnesses::ByStoreCount, by_fingerprint);
+        assert_eq!(
+            picked,
+            witnesses_picked(Witnesses::ByStoreCount, not_by_fingerprint)
+        );
+        assert!((95..=105).contains(&picked.len()), "{}", picked.len());
+        // No stride: witnesses fall at most of the 16 places of a run of
+        // 16 stores (a stride of 16 puts them all at one).
+        let places: std::collections::BTreeSet<u128> = picked.iter().map(|i| i % 16).collect();
+        assert!(places.len() >= 8, "{picked:?}");
+        // By fingerprint, the hash decides.
+        assert_eq!(
+            witnesses_picked(Witnesses::ByFingerprint, by_fingerprint).len(),
+            1600
+        );
+        assert!(witnesses_picked(Witnesses::ByFingerprint, not_by_fingerprint).is_empty());
+    }
+
+    #[test]
+    fn where_kept_blocks_evicted_early_do_not_come_back_the_oldest_return_is_the_horizon() {
+        let mut p = OnceReused::new(8, Rule::Residency).unwrap();
+        // Witnesses came back at age 8: the horizon is 12, the oldest return 8.
+        for _ in 0..WITNESS_RETURNS.relearn_period {
+            p.returns.record(8);
         }
+        assert_eq!((p.returns.horizon(), p.returns.oldest_return()), (12, 8));
+        // 256 kept blocks evicted before the horizon (nothing else to evict).
+        for i in 0..256u128 {
+            p.on_store(0, h(i), Retention::Keep, None);
+            p.insert(0);
+            assert_eq!(p.evict(), Some(0));
+        }
+        assert_eq!(p.stale_age(), 8, "none came back");
+        // A kept block 11 releases old goes before a probation block.
+        let victim_of_the_scene = |p: &mut OnceReused, base: u128| {
+            p.on_store(1, h(base), Retention::Keep, None);
+            p.insert(1);
+            p.on_store(2, h(base + 1), Retention::Probation, None);
+            p.insert(2);
+            p.on_store(3, h(base + 2), Retention::Keep, None);
+            p.insert(3);
+            for _ in 0..8 {
+                p.remove(3);
+                p.insert(3);
+            }
+            assert_eq!(p.age(1), 11);
+            let victim = p.evict();
+            for b in 1..=3 {
+                if p.is_evictable(b) {
+                    p.remove(b);
+                }
+                p.forget(b);
+            }
+            victim
+        };
+        assert_eq!(victim_of_the_scene(&mut p, 1000), Some(1));
+        // The last 13 of the 256 come back (their ghosts, marked, are still
+        // remembered): one in 20 is not rare, and the horizon is back.
+        for i in 243..256u128 {
+            p.on_store(0, h(i), Retention::Keep, None);
+            p.forget(0);
+        }
+        assert_eq!(p.stale_age(), 12);
+        assert_eq!(victim_of_the_scene(&mut p, 2000), Some(2));
     }
 
     #[test]
@@ -985,10 +1104,11 @@ mod tests {
     proptest! {
         /// The rules hold after any sequence of stores, releases, hits,
         /// drops, evictions and switches of rule, under each of residency's
-        /// orders and with a learned horizon or none: the class
+        /// orders, either way of picking witnesses, and with a learned
+        /// horizon or none: the class
         /// counts match the blocks, the target stays in range, and each
         /// victim is the block released first among those its rule puts
-        /// first (under residency a kept block past the horizon, not a
+        /// first (under residency a kept block past the stale age, not a
         /// witness, before all).
         #[test]
         fn the_rules_hold_on_random_sequences(
@@ -1016,7 +1136,7 @@ mod tests {
             let mut released: Vec<BlockId> = Vec::new();
             let (mut releases, mut released_at) = (0u64, [0u64; N]);
             for (what, hash, pick) in ops {
-                // One hash in three is a witness's.
+                // One hash in three is a witness's by fingerprint.
                 let hash = BlockHash(hash << 1 | (hash % 3) << 41);
                 match what {
                     0 => {
@@ -1028,7 +1148,7 @@ mod tests {
                                 let stale = released
                                     .iter()
                                     .find(|&&b| p.lists.record(b).kept && !p.lists.record(b).witness)
-                                    .filter(|&&b| releases - released_at[b as usize] > u64::from(p.returns.horizon()));
+                                    .filter(|&&b| releases - released_at[b as usize] > u64::from(p.stale_age()));
                                 let expected = match p.rule() {
                                     Rule::Residency if stale.is_some() => stale,
                                     Rule::Residency => match ORDERS[order] {
@@ -1063,7 +1183,11 @@ mod tests {
                         p.on_store(b, hash, retention, None);
                         prop_assert_eq!(p.lists.record(b).kept, retention == Retention::Keep);
                         stored += 1;
-                        let witness = if by_fingerprint { hash.0 >> 41 == 0 } else { stored % 16 == 0 };
+                        let witness = if by_fingerprint {
+                            hash.0 >> 41 == 0
+                        } else {
+                            stored.wrapping_mul(STORE_COUNT_MIX) >> 60 == 0
+                        };
                         prop_assert_eq!(p.lists.record(b).witness, witness);
                         held.push(b);
                     }

@@ -62,6 +62,8 @@ pub(super) struct ReturnAges {
     /// that return.
     remaining: Box<[u64]>,
     horizon: u32,
+    /// The largest age learned (its bucket's end).
+    oldest_return: u32,
     learning: Learning,
 }
 
@@ -75,6 +77,7 @@ impl ReturnAges {
             total: 0,
             remaining: vec![0; learning.buckets].into_boxed_slice(),
             horizon: u32::MAX,
+            oldest_return: u32::MAX,
             learning,
         }
     }
@@ -108,6 +111,9 @@ impl ReturnAges {
         }) {
             self.horizon = (bucket_end(b) * 3 / 2).min(u64::from(u32::MAX)) as u32;
         }
+        if let Some(last) = self.counts.iter().rposition(|&c| c > 0) {
+            self.oldest_return = bucket_end(last).min(u64::from(u32::MAX)) as u32;
+        }
         // Remaining time at the start of each bucket, over later returns.
         let (mut n, mut sum) = (0u64, 0u64);
         for b in (0..self.learning.buckets).rev() {
@@ -122,6 +128,12 @@ impl ReturnAges {
     /// the first relearn).
     pub(super) fn horizon(&self) -> u32 {
         self.horizon
+    }
+
+    /// The largest return age learned, as the end of its bucket
+    /// (`u32::MAX` until the first relearn).
+    pub(super) fn oldest_return(&self) -> u32 {
+        self.oldest_return
     }
 
     /// Expected age until a returning block of this age comes back.
@@ -171,6 +183,7 @@ mod tests {
             percentile: 99,
         });
         assert_eq!(ages.horizon(), u32::MAX, "nothing learned yet");
+        assert_eq!(ages.oldest_return(), u32::MAX);
         // 98 returns at age 100, two at 10,000: the 99th percentile is in
         // the bucket of 10,000 (9,216 to 10,239).
         for age in [100; 98].into_iter().chain([10_000; 2]) {
@@ -186,6 +199,8 @@ mod tests {
             ages.record(age);
         }
         assert_eq!(ages.horizon(), 103 * 3 / 2);
+        // The oldest return learned counts whatever the percentile.
+        assert_eq!(ages.oldest_return(), 10_239);
         // A returning block of age 0 waits 100 x 0.98 + 10,239 x 0.02 on average.
         assert_eq!(ages.remaining(0), (103 * 98 + 10_239 * 2) / 100);
     }
