@@ -1,9 +1,13 @@
-//! Whether the blocks residency evicts while still kept come back. Where
+//! Whether blocks that came back before (ARC's reused) and that residency
+//! evicts while still kept, before the horizon, come back again. Where
 //! they rarely do, the cache holds every block that returns, so its
 //! witnesses have seen the whole range of return ages, and a kept block
 //! older than any return learned is stale: the horizon's margin (1.5 x the
 //! 99th percentile) is for return ages the witnesses could not show,
 //! evicted before they came back (docs/eviction.md, the thirteenth round).
+//! Blocks seen once are not counted: the one cold request in 32 residency
+//! keeps is mostly one-off blocks, which never come back whatever the
+//! horizon.
 
 /// Evictions counted before their share of returns is trusted.
 const MIN_EVICTIONS: u64 = 256;
@@ -14,7 +18,8 @@ const WINDOW: u64 = 4096;
 /// ghost table remembers it).
 const RARELY: u64 = 20;
 
-/// Kept blocks evicted before the horizon, and how many of them came back.
+/// Reused kept blocks evicted before the horizon, and how many of them
+/// came back.
 #[derive(Debug, Default)]
 pub(super) struct KeptEvictions {
     evicted: u64,
@@ -22,7 +27,7 @@ pub(super) struct KeptEvictions {
 }
 
 impl KeptEvictions {
-    /// A kept block was evicted before the horizon.
+    /// A reused kept block was evicted before the horizon.
     pub(super) fn evicted(&mut self) {
         self.evicted += 1;
         if self.evicted >= WINDOW {

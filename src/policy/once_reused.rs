@@ -280,8 +280,8 @@ pub(crate) struct OnceReused {
     witnesses: Witnesses,
     /// Blocks stored so far.
     stored: u64,
-    /// Kept blocks evicted before the horizon under residency, and their
-    /// returns (their ghosts are marked).
+    /// Reused kept blocks evicted before the horizon under residency, and
+    /// their returns (their ghosts are marked).
     kept_evictions: KeptEvictions,
     /// `evict_many`'s victims' ghosts (kept to reuse its allocation).
     victim_ghosts: Vec<VictimGhost>,
@@ -293,7 +293,7 @@ struct VictimGhost {
     /// [`ONCE`] or [`REUSED`].
     list: usize,
     fingerprint: u64,
-    /// A kept block evicted before the horizon under residency (the ghost's
+    /// A reused kept block evicted before the horizon under residency (the ghost's
     /// mark: its return is counted in [`KeptEvictions`]).
     kept_early: bool,
 }
@@ -468,14 +468,14 @@ impl OnceReused {
 
     /// Takes the next victim out of its list (it is uncached from now on):
     /// the block and its ghost (list, fingerprint, and whether it was a
-    /// kept block evicted before the horizon under residency). Fetches the
+    /// reused kept block evicted before the horizon under residency). Fetches the
     /// entry of the block after the list's new front, which a run of
     /// victims reaches next but one.
     fn take_victim(&mut self) -> Option<(BlockId, VictimGhost)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
         let kept_early = self.rule == Rule::Residency
-            && KEPT_LISTS.contains(&list)
+            && [ARC_REUSED + KEPT, WITNESSES + 1].contains(&list)
             && self.age(block) <= self.returns.horizon();
         if kept_early {
             self.kept_evictions.evicted();
@@ -1013,14 +1013,30 @@ mod tests {
     #[test]
     fn where_kept_blocks_evicted_early_do_not_come_back_the_oldest_return_is_the_horizon() {
         let mut p = OnceReused::new(8, Rule::Residency).unwrap();
+        // No witnesses: by fingerprint, and no hash here makes one.
+        p.set_witnesses(Witnesses::ByFingerprint);
+        let h = |x: u128| BlockHash(x << 1 | 1 << 41);
         // Witnesses came back at age 8: the horizon is 12, the oldest return 8.
         for _ in 0..WITNESS_RETURNS.relearn_period {
             p.returns.record(8);
         }
         assert_eq!((p.returns.horizon(), p.returns.oldest_return()), (12, 8));
-        // 256 kept blocks evicted before the horizon (nothing else to evict).
-        for i in 0..256u128 {
+        // Kept blocks seen once, evicted before the horizon: not counted.
+        for i in 300..310u128 {
             p.on_store(0, h(i), Retention::Keep, None);
+            p.insert(0);
+            assert_eq!(p.evict(), Some(0));
+        }
+        // 256 reused kept blocks evicted before the horizon (nothing else to
+        // evict), each hit once before.
+        for i in 0..256u128 {
+            if i == 255 {
+                assert_eq!(p.stale_age(), 12, "255 counted: too few to tell");
+            }
+            p.on_store(0, h(i), Retention::Keep, None);
+            p.insert(0);
+            p.remove(0);
+            p.on_hit(0);
             p.insert(0);
             assert_eq!(p.evict(), Some(0));
         }
