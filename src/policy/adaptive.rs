@@ -51,9 +51,9 @@
 //! `1/rate` of the traffic with its reuse distances scaled alike. A shadow is
 //! the cache-only model (one request at a time, tail-first release) over the
 //! sampled blocks, with the real rule's own code (its witnesses picked by
-//! fingerprint: [`Witnesses`]); a hit is any cached
-//! sampled block (the leading-run condition is not checked: the sample keeps
-//! too few blocks of a chain to tell). Residency's one decision per
+//! fingerprint: [`Witnesses`]); a hit is any cached sampled block (the
+//! leading-run condition is not checked: the sample keeps too few blocks
+//! of a chain to tell). Residency's one decision per
 //! request, warm or cold, is taken from where the sampled blocks lie in
 //! the whole prompt, and leans warm (see `warm`): with it the duel stays
 //! under residency on `chat-under-flood` at 65,535 blocks, which the count

@@ -115,8 +115,8 @@
 //! list a chain's deepest blocks go before its root.
 //!
 //! Costs: O(1) per call; a ghost lookup or push touches one bucket (two
-//! adjacent cache lines);
-//! every 128 witness returns the 240-bucket age table is rebuilt.
+//! adjacent cache lines); every 128 witness returns the 240-bucket age
+//! table is rebuilt.
 //! Memory per block of the cache: one entry of 32 bytes, its links in the
 //! six lists (which share one array: a block is in one list at a time) and
 //! its state beside them (release stamp, fingerprint, classes), so moving a
