@@ -26,9 +26,11 @@ const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
 /// Bits of an entry's tag (the rest of the 64 bits: mark 1, list 1,
 /// generation 11).
 const TAG_BITS: u32 = 51;
-/// Where an entry's list, mark and tag begin.
+/// Where an entry's list bit begins.
 const LIST_SHIFT: u32 = GEN_BITS;
+/// Where an entry's mark bit begins.
 const MARK_SHIFT: u32 = GEN_BITS + 1;
+/// Where an entry's tag begins.
 const TAG_SHIFT: u32 = GEN_BITS + 2;
 /// Entries per bucket: two 64-byte cache lines.
 const WAYS: usize = 16;
@@ -65,8 +67,8 @@ pub(crate) struct Ghost {
 /// the least life left, so a fingerprint can be forgotten early; buckets
 /// are a quarter full on average, so that is rare (it matters: losing old
 /// ghosts of the busier list starves ARC of the returns it learns from).
-/// A false match needs a 51-bit tag collision within one bucket: none in
-/// practice. (With 20-bit tags, 1 lookup in 250,000 matched falsely: a
+/// A false match needs a tag collision within one bucket (51 bits, the
+/// lowest forced to 1): none in practice. (With 20-bit tags, 1 lookup in 250,000 matched falsely: a
 /// few dozen in a long replay, different ones for each hash seed, which
 /// moved the hit rate of `adaptive`'s real cache by 2% or more:
 /// docs/eviction.md, the thirteenth round.) Memory is fixed at construction: a bucket of 16
@@ -136,7 +138,7 @@ impl GhostLists {
     /// multiplier than the bucket's (a caller's hashes need not be uniform
     /// in any bits), never 0.
     fn tag(fp: u64) -> Entry {
-        fp.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - TAG_BITS) | 1
+        fp.wrapping_mul(0xA076_1D64_78BD_642F) >> (64 - TAG_BITS) | 1
     }
 
     /// A live entry's list and age in generations (`None` for an empty way

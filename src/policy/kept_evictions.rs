@@ -11,7 +11,7 @@
 
 /// Evictions counted before their share of returns is trusted.
 const MIN_EVICTIONS: u64 = 256;
-/// The counts halve when this many evictions are counted, so recent
+/// The counts halve when the evictions counted reach this many, so recent
 /// evictions weigh more.
 const WINDOW: u64 = 4096;
 /// "Rarely": fewer than one eviction in this many comes back (while the
@@ -82,11 +82,10 @@ mod tests {
         }
         assert!(!k.rarely_return());
         // ... then none of the next ones: after enough halvings they are rare.
-        let mut evictions = 0;
-        while !k.rarely_return() {
+        let evictions = (1..=4 * WINDOW).find(|_| {
             k.evicted();
-            evictions += 1;
-        }
-        assert!(evictions > WINDOW && evictions < 4 * WINDOW, "{evictions}");
+            k.rarely_return()
+        });
+        assert!(evictions.is_some_and(|n| n > WINDOW), "{evictions:?}");
     }
 }

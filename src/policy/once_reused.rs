@@ -39,7 +39,9 @@
 //!   hits make a block kept
 //!   a kept block released longer ago than the horizon is stale: evicted
 //!       first of all (the horizon: 1.5 x the 99th percentile of the
-//!       witnesses' return ages, in releases, learned online)
+//!       witnesses' return ages, in releases, learned online; the oldest
+//!       return learned where reused kept blocks evicted before it rarely
+//!       come back)
 //! ```
 //!
 //! Residents keep hitting and keep their blocks, including the new ones each
@@ -60,9 +62,9 @@
 //! of blocks stored, so that its choices do not depend on the hash seed; a
 //! shadow cache of [`super::Adaptive`], which sees a sample of the blocks
 //! by hash already, picks them by fingerprint ([`Witnesses`];
-//! docs/eviction.md, the thirteenth round). Where kept blocks evicted
-//! before the horizon rarely come back, the horizon is the oldest return
-//! learned ([`KeptEvictions`]).
+//! docs/eviction.md, the thirteenth round). Where reused kept blocks
+//! evicted before the horizon rarely come back, the horizon is the oldest
+//! return learned ([`KeptEvictions`]).
 //!
 //! Both rules classify every block all the time, whichever is in force: a
 //! cached block is once or reused (ARC's view) and on probation or kept
@@ -292,6 +294,7 @@ pub(crate) struct OnceReused {
 struct VictimGhost {
     /// [`ONCE`] or [`REUSED`].
     list: usize,
+    /// The block's fingerprint.
     fingerprint: u64,
     /// A reused kept block evicted before the horizon under residency (the ghost's
     /// mark: its return is counted in [`KeptEvictions`]).
@@ -455,8 +458,8 @@ impl OnceReused {
     }
 
     /// Past this age a kept block is stale: the horizon, or the oldest
-    /// return learned where kept blocks evicted before the horizon rarely
-    /// come back (see [`KeptEvictions`]).
+    /// return learned where reused kept blocks evicted before the horizon
+    /// rarely come back (see [`KeptEvictions`]).
     fn stale_age(&self) -> u32 {
         let horizon = self.returns.horizon();
         if self.kept_evictions.rarely_return() {
@@ -474,9 +477,14 @@ impl OnceReused {
     fn take_victim(&mut self) -> Option<(BlockId, VictimGhost)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
+        // Counted once a horizon is learned (before, every age is under
+        // it), including blocks the shortened stale age evicts: their
+        // returns are what turns the rule off.
+        let horizon = self.returns.horizon();
         let kept_early = self.rule == Rule::Residency
             && [ARC_REUSED + KEPT, WITNESSES + 1].contains(&list)
-            && self.age(block) <= self.returns.horizon();
+            && horizon != u32::MAX
+            && self.age(block) <= horizon;
         if kept_early {
             self.kept_evictions.evicted();
         }
@@ -1011,34 +1019,66 @@ mod tests {
     }
 
     #[test]
-    fn where_kept_blocks_evicted_early_do_not_come_back_the_oldest_return_is_the_horizon() {
+    fn where_reused_kept_blocks_evicted_early_do_not_come_back_the_oldest_return_is_the_horizon() {
         let mut p = OnceReused::new(8, Rule::Residency).unwrap();
         // No witnesses: by fingerprint, and no hash here makes one.
         p.set_witnesses(Witnesses::ByFingerprint);
         let h = |x: u128| BlockHash(x << 1 | 1 << 41);
-        // Witnesses came back at age 8: the horizon is 12, the oldest return 8.
-        for _ in 0..WITNESS_RETURNS.relearn_period {
-            p.returns.record(8);
-        }
-        assert_eq!((p.returns.horizon(), p.returns.oldest_return()), (12, 8));
-        // Kept blocks seen once, evicted before the horizon: not counted.
-        for i in 300..310u128 {
-            p.on_store(0, h(i), Retention::Keep, None);
-            p.insert(0);
-            assert_eq!(p.evict(), Some(0));
-        }
-        // 256 reused kept blocks evicted before the horizon (nothing else to
-        // evict), each hit once before.
-        for i in 0..256u128 {
-            if i == 255 {
-                assert_eq!(p.stale_age(), 12, "255 counted: too few to tell");
-            }
+        // Block 0 stored under `h(i)`, hit (reused), released and evicted.
+        let evict_reused = |p: &mut OnceReused, i: u128| {
             p.on_store(0, h(i), Retention::Keep, None);
             p.insert(0);
             p.remove(0);
             p.on_hit(0);
             p.insert(0);
             assert_eq!(p.evict(), Some(0));
+        };
+        // Not counted, any of them: evictions before a horizon is learned,
+        // ...
+        for i in 400..410 {
+            evict_reused(&mut p, i);
+        }
+        // Witnesses came back at age 8: the horizon is 12, the oldest return 8.
+        for _ in 0..WITNESS_RETURNS.relearn_period {
+            p.returns.record(8);
+        }
+        assert_eq!((p.returns.horizon(), p.returns.oldest_return()), (12, 8));
+        // ... under ARC, ...
+        p.set_rule(Rule::Arc);
+        for i in 500..510 {
+            evict_reused(&mut p, i);
+        }
+        p.set_rule(Rule::Residency);
+        // ... past the horizon (13 releases old), ...
+        for i in 600..610 {
+            p.on_store(0, h(i), Retention::Keep, None);
+            p.insert(0);
+            p.remove(0);
+            p.on_hit(0);
+            p.insert(0);
+            p.on_store(1, h(i + 1000), Retention::Keep, None);
+            p.insert(1);
+            for _ in 0..12 {
+                p.remove(1);
+                p.insert(1);
+            }
+            assert_eq!(p.evict(), Some(0));
+            p.remove(1);
+            p.forget(1);
+        }
+        // ... and of kept blocks seen once.
+        for i in 300..310u128 {
+            p.on_store(0, h(i), Retention::Keep, None);
+            p.insert(0);
+            assert_eq!(p.evict(), Some(0));
+        }
+        // 256 reused kept blocks evicted before the horizon (nothing else to
+        // evict).
+        for i in 0..256u128 {
+            if i == 255 {
+                assert_eq!(p.stale_age(), 12, "255 counted: too few to tell");
+            }
+            evict_reused(&mut p, i);
         }
         assert_eq!(p.stale_age(), 8, "none came back");
         // A kept block 11 releases old goes before a probation block.

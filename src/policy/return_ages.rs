@@ -6,6 +6,7 @@
 //! ```text
 //!   record(age) ──▶ counts[bucket(age)] += 1      (exact below 8, then 8 buckets per doubling)
 //!   every `relearn_period` records: horizon = 1.5 x the `percentile`-th age,
+//!                                   oldest return = end of the last nonempty bucket,
 //!                                   remaining[b] = mean age of later returns - start of b
 //!   past `window` records the counts halve (recent traffic weighs more)
 //! ```
