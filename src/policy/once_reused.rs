@@ -1024,13 +1024,17 @@ mod tests {
         // No witnesses: by fingerprint, and no hash here makes one.
         p.set_witnesses(Witnesses::ByFingerprint);
         let h = |x: u128| BlockHash(x << 1 | 1 << 41);
-        // Block 0 stored under `h(i)`, hit (reused), released and evicted.
-        let evict_reused = |p: &mut OnceReused, i: u128| {
+        // Block 0 stored under `h(i)`, hit (reused) and released.
+        let release_reused = |p: &mut OnceReused, i: u128| {
             p.on_store(0, h(i), Retention::Keep, None);
             p.insert(0);
             p.remove(0);
             p.on_hit(0);
             p.insert(0);
+        };
+        // ... and evicted.
+        let evict_reused = |p: &mut OnceReused, i: u128| {
+            release_reused(p, i);
             assert_eq!(p.evict(), Some(0));
         };
         // Not counted, any of them: evictions before a horizon is learned,
@@ -1051,11 +1055,7 @@ mod tests {
         p.set_rule(Rule::Residency);
         // ... past the horizon (13 releases old), ...
         for i in 600..610 {
-            p.on_store(0, h(i), Retention::Keep, None);
-            p.insert(0);
-            p.remove(0);
-            p.on_hit(0);
-            p.insert(0);
+            release_reused(&mut p, i);
             p.on_store(1, h(i + 1000), Retention::Keep, None);
             p.insert(1);
             for _ in 0..12 {
