@@ -190,6 +190,8 @@ const WITNESSES: usize = 4;
 const ONCE_LISTS: [usize; 3] = [0, KEPT, WITNESSES];
 const REUSED_LISTS: [usize; 3] = [ARC_REUSED, ARC_REUSED + KEPT, WITNESSES + 1];
 const KEPT_LISTS: [usize; 4] = [KEPT, ARC_REUSED + KEPT, WITNESSES, WITNESSES + 1];
+/// Residency's kept lists of blocks ARC sees as reused.
+const REUSED_KEPT_LISTS: [usize; 2] = [ARC_REUSED + KEPT, WITNESSES + 1];
 /// One block stored in this many is a witness (a power of two).
 const WITNESS_RATE: u64 = 16;
 /// Spreads the count of blocks stored over 64 bits (Fibonacci hashing):
@@ -280,7 +282,7 @@ pub(crate) struct OnceReused {
     returns: ReturnAges,
     /// How witnesses are picked.
     witnesses: Witnesses,
-    /// Blocks stored so far.
+    /// Blocks stored so far (counted for [`Witnesses::ByStoreCount`]).
     stored: u64,
     /// Reused kept blocks evicted before the horizon under residency, and
     /// their returns (their ghosts are marked).
@@ -296,8 +298,8 @@ struct VictimGhost {
     list: usize,
     /// The block's fingerprint.
     fingerprint: u64,
-    /// A reused kept block evicted before the horizon under residency (the ghost's
-    /// mark: its return is counted in [`KeptEvictions`]).
+    /// A reused kept block evicted before the horizon under residency (the
+    /// ghost's mark: its return is counted in [`KeptEvictions`]).
     kept_early: bool,
 }
 
@@ -330,9 +332,9 @@ impl OnceReused {
 
     /// Whether the block being stored, of fingerprint `fp`, is a witness.
     fn next_is_witness(&mut self, fp: u64) -> bool {
-        self.stored += 1;
         match self.witnesses {
             Witnesses::ByStoreCount => {
+                self.stored += 1;
                 self.stored.wrapping_mul(STORE_COUNT_MIX) >> (64 - WITNESS_RATE.trailing_zeros())
                     == 0
             }
@@ -471,9 +473,9 @@ impl OnceReused {
 
     /// Takes the next victim out of its list (it is uncached from now on):
     /// the block and its ghost (list, fingerprint, and whether it was a
-    /// reused kept block evicted before the horizon under residency). Fetches the
-    /// entry of the block after the list's new front, which a run of
-    /// victims reaches next but one.
+    /// reused kept block evicted before the horizon under residency).
+    /// Fetches the entry of the block after the list's new front, which a
+    /// run of victims reaches next but one.
     fn take_victim(&mut self) -> Option<(BlockId, VictimGhost)> {
         let list = self.victim_list()?;
         let block = self.lists.pop_front(list)?;
@@ -482,7 +484,7 @@ impl OnceReused {
         // returns are what turns the rule off.
         let horizon = self.returns.horizon();
         let kept_early = self.rule == Rule::Residency
-            && [ARC_REUSED + KEPT, WITNESSES + 1].contains(&list)
+            && REUSED_KEPT_LISTS.contains(&list)
             && horizon != u32::MAX
             && self.age(block) <= horizon;
         if kept_early {
