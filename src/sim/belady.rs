@@ -49,13 +49,15 @@ pub fn belady(keys: &BlockKeys, num_blocks: usize) -> CacheModelReport {
     let mut kept = vec![false; keys.num_keys()];
     let mut heap: BinaryHeap<(u32, u32, u32)> = BinaryHeap::new();
     let mut len = 0usize;
-    let mut hit_blocks = 0u64;
+    let mut hit_blocks = Vec::with_capacity(requests.len());
     for (r, next_r) in requests.iter().zip(&next) {
         let limit = keys.hit_limit(r);
-        hit_blocks += r.keys[..limit]
-            .iter()
-            .take_while(|&&k| kept[k as usize])
-            .count() as u64;
+        hit_blocks.push(
+            r.keys[..limit]
+                .iter()
+                .take_while(|&&k| kept[k as usize])
+                .count() as u64,
+        );
         for (depth, (&k, &n)) in r.keys.iter().zip(next_r).enumerate() {
             let (ku, depth) = (k as usize, depth as u32);
             if kept[ku] {
@@ -122,9 +124,19 @@ mod tests {
             }
         }
         let keys = BlockKeys::new(&reqs, 512);
-        assert_eq!(cache_only(&keys, 2, EvictionPolicyKind::Lru).hit_tokens, 0);
+        let lru = cache_only(&keys, 2, EvictionPolicyKind::Lru);
+        assert_eq!(lru.hit_tokens, 0);
+        assert_eq!(lru.hit_blocks_by_request, vec![0; 30]);
         let best = belady(&keys, 2);
         assert_eq!(best.hit_tokens, 9 * 2 * 512);
+        // Request by request: nothing on the first round, then two of the
+        // three prompts of every round.
+        let by_round: Vec<u64> = best
+            .hit_blocks_by_request
+            .chunks(3)
+            .map(|round| round.iter().sum())
+            .collect();
+        assert_eq!(by_round, [0, 2, 2, 2, 2, 2, 2, 2, 2, 2]);
     }
 
     #[test]

@@ -35,11 +35,21 @@ pub struct CacheModelReport {
     pub hit_tokens: u64,
     /// `hit_tokens / prompt_tokens`.
     pub token_hit_rate: f64,
+    /// Blocks each request found cached, in request order (for hit rates
+    /// over part of a workload).
+    #[serde(skip)]
+    pub hit_blocks_by_request: Vec<u64>,
 }
 
 impl CacheModelReport {
-    pub(crate) fn new(policy: &str, keys: &BlockKeys, num_blocks: usize, hit_blocks: u64) -> Self {
+    pub(crate) fn new(
+        policy: &str,
+        keys: &BlockKeys,
+        num_blocks: usize,
+        hit_blocks_by_request: Vec<u64>,
+    ) -> Self {
         let prompt_tokens = keys.prompt_tokens();
+        let hit_blocks: u64 = hit_blocks_by_request.iter().sum();
         let hit_tokens = hit_blocks * keys.block_size() as u64;
         Self {
             policy: policy.to_string(),
@@ -51,6 +61,7 @@ impl CacheModelReport {
             } else {
                 hit_tokens as f64 / prompt_tokens as f64
             },
+            hit_blocks_by_request,
         }
     }
 }
@@ -67,22 +78,22 @@ pub fn cache_only(
     CacheModelReport::new(kind.name(), keys, num_blocks, hits)
 }
 
-/// The replay itself; returns the blocks hit.
-fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) -> u64 {
+/// The replay itself; returns the blocks each request hit.
+fn replay(keys: &BlockKeys, num_blocks: usize, policy: &mut dyn EvictionPolicy) -> Vec<u64> {
     // key -> block holding it, block -> key it holds (NONE: unhashed).
     let mut block_of = vec![NONE; keys.num_keys()];
     let mut key_of = vec![NONE; num_blocks];
     let mut unhashed: Vec<u32> = (0..num_blocks as u32).rev().collect();
     let mut held: Vec<u32> = Vec::new();
     let mut hashes = Vec::new();
-    let mut hit_blocks = 0u64;
+    let mut hit_blocks = Vec::with_capacity(keys.requests().len());
     for r in keys.requests() {
         let limit = keys.hit_limit(r);
         let hits = r.keys[..limit]
             .iter()
             .take_while(|&&k| block_of[k as usize] != NONE)
             .count();
-        hit_blocks += hits as u64;
+        hit_blocks.push(hits as u64);
         hashes.clear();
         hashes.extend(r.keys.iter().map(|&k| keys.hash(k)));
         let retention = policy.on_request(&hashes, hits);

@@ -20,11 +20,11 @@ use crate::hash::BlockHash;
 
 /// One request's view: its prompt length and the keys of its full blocks.
 #[derive(Debug, Clone)]
-pub(crate) struct RequestKeys {
+pub struct RequestKeys {
     /// Prompt tokens.
-    pub(crate) input_length: usize,
+    pub input_length: usize,
     /// Dense keys of the prompt's full blocks, in order.
-    pub(crate) keys: Vec<u32>,
+    pub keys: Vec<u32>,
 }
 
 /// The full prompt blocks of a workload as dense keys `0..num_keys()`.
@@ -93,7 +93,8 @@ impl BlockKeys {
         self.requests.iter().map(|r| r.input_length as u64).sum()
     }
 
-    pub(crate) fn requests(&self) -> &[RequestKeys] {
+    /// The requests, in order.
+    pub fn requests(&self) -> &[RequestKeys] {
         &self.requests
     }
 
@@ -104,7 +105,7 @@ impl BlockKeys {
 
     /// Full blocks of request `r` that a hit may cover: the prompt's last
     /// token is always recomputed, as in the manager's default.
-    pub(crate) fn hit_limit(&self, r: &RequestKeys) -> usize {
+    pub fn hit_limit(&self, r: &RequestKeys) -> usize {
         ((r.input_length - 1) / self.block_size).min(r.keys.len())
     }
 }

@@ -38,7 +38,7 @@ pub use cache_model::{cache_only, CacheModelReport};
 pub use chat::{generate_mix, generated_workload, ChatConfig};
 pub use config::{SimConfig, SimRemoteTier};
 pub use engine::simulate;
-pub use keys::BlockKeys;
+pub use keys::{BlockKeys, RequestKeys};
 pub use report::{Distribution, ManagerCost, SimReport};
 pub use trace::{
     OnMalformed, Trace, TraceLineError, TraceRequest, GENERATED_TOKEN_BASE, HASH_BLOCK_TOKENS,
