@@ -36,11 +36,16 @@
 
 use std::ops::Range;
 
+#[path = "common/flags.rs"]
+mod flags;
+
 use mla_cache::sim::{
     belady, cache_only, generate_mix, generated_workload, BlockKeys, CacheModelReport, ChatConfig,
     SimConfig,
 };
 use mla_cache::EvictionPolicyKind;
+
+use flags::Flags;
 
 /// Think times sampled per return (midpoints of equal slices of the
 /// uniform range still open).
@@ -173,31 +178,12 @@ fn online_hits(
 }
 
 fn main() -> Result<(), String> {
-    let mut workloads = vec![
-        "multiturn".to_string(),
-        "chat-long-think".to_string(),
-        "agents".to_string(),
-    ];
-    let mut sizes = vec![8192, 16_384, 65_536];
-    let mut seed = 0;
     let mut middle_percent = 50;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let bad = |e: std::num::ParseIntError| format!("{flag} {value}: {e}");
-        match flag.as_str() {
-            "--workload" => workloads = value.split(',').map(|s| s.trim().to_string()).collect(),
-            "--blocks" => {
-                sizes = value
-                    .split(',')
-                    .map(|s| s.trim().parse().map_err(bad))
-                    .collect::<Result<_, _>>()?
-            }
-            "--seed" => seed = value.parse().map_err(bad)?,
-            "--middle" => middle_percent = value.parse().map_err(bad)?,
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
+    let Flags {
+        workloads,
+        sizes,
+        seed,
+    } = Flags::conversational().parse(&mut [("--middle", &mut middle_percent)])?;
     println!("| workload, blocks | lru | arc | return_time | estimate | belady | gap closed: return_time / estimate | return_time's share of the estimate's gain |");
     println!("|---|---|---|---|---|---|---|---|");
     for name in &workloads {
