@@ -42,6 +42,8 @@
 //! bound is also told which conversations end. Both are capped at Belady's
 //! figure.
 
+#[path = "common/conversations.rs"]
+mod conversations;
 #[path = "common/flags.rs"]
 mod flags;
 
@@ -50,40 +52,26 @@ use mla_cache::sim::{
 };
 use mla_cache::EvictionPolicyKind;
 
+use conversations::Conversations;
 use flags::Flags;
 
 /// Steps without the bound falling by a ten-thousandth before the target
 /// is drawn closer.
 const STALLED: u32 = 50;
 
-/// A workload's conversations, as the bound needs them.
-struct Conversations {
-    /// Think times between two turns, in milliseconds (uniform, inclusive).
-    think_ms: (u64, u64),
-    /// The most turns of a conversation: a block used more often is shared.
-    max_turns: u64,
-    /// Turns of a conversation (uniform, inclusive).
-    turns: (u64, u64),
-}
-
 impl Conversations {
-    fn of(populations: &[ChatConfig]) -> Result<Self, String> {
-        // With two populations, a request's chance of a next turn would
-        // depend on which it belongs to, which the bound cannot tell.
-        let [p] = populations else {
+    /// The conversations of a workload of one population: with two, a
+    /// request's chance of a next turn would depend on which it belongs to,
+    /// which the bound cannot tell.
+    fn single(populations: &[ChatConfig]) -> Result<Self, String> {
+        if populations.len() != 1 {
             return Err("the bound needs a workload of one population".into());
-        };
-        if p.turns.1 <= 1 {
-            return Err("the bound needs conversations of several turns".into());
         }
-        if p.turn_gap_ms.1 <= p.turn_gap_ms.0 {
+        let conversations = Self::of(populations)?;
+        if conversations.think_ms.1 <= conversations.think_ms.0 {
             return Err("the think times need a range".into());
         }
-        Ok(Self {
-            think_ms: p.turn_gap_ms,
-            max_turns: p.turns.1,
-            turns: p.turns,
-        })
+        Ok(conversations)
     }
 
     /// The chance that a conversation that has had `turns` turns has
@@ -154,7 +142,7 @@ impl Workload {
                 uses[k as usize] += 1;
             }
         }
-        let private = |k: u32| uses[k as usize] <= conversations.max_turns;
+        let private = |k: u32| uses[k as usize] <= conversations.max_turns();
         let mut first_use = vec![usize::MAX; keys.num_keys()];
         let mut last_use = vec![usize::MAX; keys.num_keys()];
         let mut conversation = Vec::with_capacity(requests.len());
@@ -193,14 +181,17 @@ impl Workload {
             );
         }
         // A conversation's own blocks wait from each of its turns for the next.
-        let mut turns = std::collections::HashMap::new();
+        // A conversation is named by its first request: an index.
+        let mut turns = vec![0u64; requests.len()];
         let mut goes_on = vec![false; requests.len()];
-        let mut latest = std::collections::HashMap::new();
+        let mut latest = vec![usize::MAX; requests.len()];
         for (j, &c) in conversation.iter().enumerate() {
-            if c != usize::MAX {
-                if let Some(p) = latest.insert(c, j) {
-                    goes_on[p] = true;
-                }
+            if c == usize::MAX {
+                continue;
+            }
+            let p = std::mem::replace(&mut latest[c], j);
+            if p != usize::MAX {
+                goes_on[p] = true;
             }
         }
         for (p, r) in requests.iter().enumerate() {
@@ -208,12 +199,11 @@ impl Workload {
             if c == usize::MAX {
                 continue;
             }
-            let turn = turns.entry(c).or_insert(0u64);
-            *turn += 1;
+            turns[c] += 1;
             let comes_back = if told_ends {
                 f64::from(u8::from(goes_on[p]))
             } else {
-                conversations.goes_on(*turn)
+                conversations.goes_on(turns[c])
             };
             let blocks = r.keys.iter().filter(|&&k| private(k)).count() as f64;
             if comes_back > 0.0 && blocks > 0.0 {
@@ -367,7 +357,7 @@ fn main() -> Result<(), String> {
         let stamps: Vec<u64> = trace.requests.iter().map(|r| r.timestamp).collect();
         let keys = BlockKeys::new(&trace.requests, SimConfig::default().block_size);
         let workload = |told_ends| {
-            Conversations::of(&populations)
+            Conversations::single(&populations)
                 .map(|c| Workload::new(stamps.clone(), &keys, c, told_ends))
         };
         let (told, untold) = (workload(true)?, workload(false)?);
@@ -375,13 +365,10 @@ fn main() -> Result<(), String> {
         for &num_blocks in &sizes {
             let (keys, told, untold) = (&keys, &told, &untold);
             let [lru, return_time, best, told, bound] = std::thread::scope(|s| {
+                let run = |kind| s.spawn(move || cache_only(keys, num_blocks, kind).token_hit_rate);
                 let runs = [
-                    s.spawn(move || {
-                        cache_only(keys, num_blocks, EvictionPolicyKind::Lru).token_hit_rate
-                    }),
-                    s.spawn(move || {
-                        cache_only(keys, num_blocks, EvictionPolicyKind::ReturnTime).token_hit_rate
-                    }),
+                    run(EvictionPolicyKind::Lru),
+                    run(EvictionPolicyKind::ReturnTime),
                     s.spawn(move || belady(keys, num_blocks).token_hit_rate),
                     s.spawn(move || rate(told.bound(num_blocks, iterations))),
                     s.spawn(move || rate(untold.bound(num_blocks, iterations))),
@@ -435,13 +422,13 @@ mod tests {
 
     fn workload(told_ends: bool) -> (Workload, BlockKeys) {
         let (config, keys, stamps) = small();
-        let conversations = Conversations::of(&[config]).expect("one population");
+        let conversations = Conversations::single(&[config]).expect("one population");
         (Workload::new(stamps, &keys, conversations, told_ends), keys)
     }
 
     #[test]
     fn a_conversation_goes_on_by_its_turn_counts_range() {
-        let c = Conversations::of(&[ChatConfig::long_think()]).expect("one population");
+        let c = Conversations::single(&[ChatConfig::long_think()]).expect("one population");
         assert_eq!(c.turns, (3, 12));
         assert_eq!(c.goes_on(1), 1.0);
         assert_eq!(c.goes_on(2), 1.0);
@@ -458,8 +445,8 @@ mod tests {
     #[test]
     fn two_populations_or_one_turn_are_refused() {
         let mixed = generated_workload("chat-under-flood").expect("a workload");
-        assert!(Conversations::of(&mixed).is_err());
-        assert!(Conversations::of(&[ChatConfig::prompt_flood()]).is_err());
+        assert!(Conversations::single(&mixed).is_err());
+        assert!(Conversations::single(&[ChatConfig::prompt_flood()]).is_err());
     }
 
     #[test]
@@ -507,7 +494,6 @@ mod tests {
                 .collect(),
             conversations: Conversations {
                 think_ms: (1, 100),
-                max_turns: 2,
                 turns: (2, 2),
             },
         }

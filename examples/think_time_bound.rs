@@ -36,15 +36,17 @@
 
 use std::ops::Range;
 
+#[path = "common/conversations.rs"]
+mod conversations;
 #[path = "common/flags.rs"]
 mod flags;
 
 use mla_cache::sim::{
-    belady, cache_only, generate_mix, generated_workload, BlockKeys, CacheModelReport, ChatConfig,
-    SimConfig,
+    belady, cache_only, generate_mix, generated_workload, BlockKeys, CacheModelReport, SimConfig,
 };
 use mla_cache::EvictionPolicyKind;
 
+use conversations::Conversations;
 use flags::Flags;
 
 /// Think times sampled per return (midpoints of equal slices of the
@@ -55,28 +57,6 @@ const THINK_TIME_SAMPLES: u64 = 64;
 fn middle(requests: usize, percent: usize) -> Range<usize> {
     let skipped = requests * (100 - percent.min(100)) / 200;
     skipped..requests - skipped
-}
-
-/// What the estimate needs to know of a workload's conversations.
-struct Conversations {
-    /// Think times between two turns, in milliseconds (uniform, inclusive).
-    think_ms: (u64, u64),
-    /// The most turns of any population's conversation: a block used more
-    /// often is shared.
-    max_turns: u64,
-}
-
-impl Conversations {
-    fn of(populations: &[ChatConfig]) -> Result<Self, String> {
-        let mut conversational = populations.iter().filter(|p| p.turns.1 > 1);
-        let (Some(p), None) = (conversational.next(), conversational.next()) else {
-            return Err("the workload needs exactly one population with several turns".into());
-        };
-        Ok(Self {
-            think_ms: p.turn_gap_ms,
-            max_turns: populations.iter().map(|p| p.turns.1).max().unwrap_or(1),
-        })
-    }
 }
 
 /// A return the estimate may pay for: the cost of the hit (requests served
@@ -121,7 +101,7 @@ fn returns(
                 continue;
             }
             let share = inside as f64 / (j - p) as f64;
-            if uses[k as usize] > conversations.max_turns {
+            if uses[k as usize] > conversations.max_turns() {
                 found.push(Return {
                     cost: (j - p - 1) as f64,
                     share,

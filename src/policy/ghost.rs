@@ -68,12 +68,13 @@ pub(crate) struct Ghost {
 /// are a quarter full on average, so that is rare (it matters: losing old
 /// ghosts of the busier list starves ARC of the returns it learns from).
 /// A false match needs a tag collision within one bucket (51 bits, the
-/// lowest forced to 1): none in practice. (With 20-bit tags, 1 lookup in 250,000 matched falsely: a
-/// few dozen in a long replay, different ones for each hash seed, which
-/// moved the hit rate of `adaptive`'s real cache by 2% or more:
-/// docs/eviction.md, the thirteenth round.) Memory is fixed at construction: a bucket of 16
-/// ways per two fingerprints a list holds (rounded up to a power of two),
-/// so 32 to 64 bytes per fingerprint remembered.
+/// lowest forced to 1): none in practice. (With 20-bit tags, 1 lookup in
+/// 250,000 matched falsely: a few dozen in a long replay, different ones
+/// for each hash seed, which moved the hit rate of `adaptive`'s real cache
+/// by 2% or more: docs/eviction.md, the thirteenth round.) Memory is fixed
+/// at construction: a bucket of 16 ways per two fingerprints a list holds
+/// (rounded up to a power of two), so 32 to 64 bytes per fingerprint
+/// remembered.
 #[derive(Debug, Clone, Copy)]
 #[repr(align(128))]
 struct Bucket([Entry; WAYS]);
@@ -268,6 +269,13 @@ mod tests {
         g.take(f).map(|ghost| ghost.list)
     }
 
+    /// The first `n` fingerprints, split into those in the first one's
+    /// bucket (it included) and the others.
+    fn by_bucket_of_the_first(g: &GhostLists, n: u64) -> (Vec<u64>, Vec<u64>) {
+        let b = g.bucket(fp(0));
+        (0..n).map(fp).partition(|&f| g.bucket(f) == b)
+    }
+
     /// Distinct fingerprints spread over the table.
     fn fp(i: u64) -> u64 {
         (i.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ i << 40) | 1
@@ -315,9 +323,7 @@ mod tests {
     #[test]
     fn a_full_bucket_gives_up_the_entry_with_least_life() {
         let mut g = GhostLists::new(64).unwrap();
-        let b = g.bucket(fp(0));
-        let (same, others): (Vec<u64>, Vec<u64>) =
-            (0..2000).map(fp).partition(|&f| g.bucket(f) == b);
+        let (same, others) = by_bucket_of_the_first(&g, 2000);
         g.push(1, same[0], false);
         for &f in &others[..60] {
             g.push(1, f, false); // list 1 ages: same[0] has 4 pushes to live
@@ -438,9 +444,7 @@ mod tests {
     fn a_push_clears_its_buckets_dead_entries_before_they_pass_for_live() {
         // 64 per list: a generation a push, wrapping after 2,048.
         let mut g = GhostLists::new(64).unwrap();
-        let b = g.bucket(fp(0));
-        let (same, others): (Vec<u64>, Vec<u64>) =
-            (0..4000).map(fp).partition(|&f| g.bucket(f) == b);
+        let (same, others) = by_bucket_of_the_first(&g, 4000);
         g.push(0, same[0], false);
         g.push(0, same[1], false); // way 1, after way 0 is emptied
         list(&mut g, same[0]);
