@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Runs an adapter's conformance tests inside the real engine:
 #
-#   scripts/engine-tests.sh vllm|sglang [pytest args...]
+#   scripts/engine-tests.sh vllm-0.33|vllm-0.34|sglang [pytest args...]
 #
 # The engine lives in its cached venv (scripts/engine-venv.sh). For vLLM, mla_cache
-# is the module `maturin develop` builds (up to date) into python/mla_cache (both
+# is the module `maturin develop` builds (up to date) into python/mla_cache (the
 # venvs are CPython 3.11), put on that venv's path with PYTHONPATH; for SGLang it is
 # the freshly built wheel installed into the engine's venv (its plug-in entry point
-# needs an installed distribution). Tests: python/engine_tests/<engine>/.
+# needs an installed distribution). Tests: python/engine_tests/vllm/ (for either
+# vLLM version) or python/engine_tests/sglang/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-engine=${1:?usage: scripts/engine-tests.sh vllm|sglang [pytest args...]}
+engine=${1:?usage: scripts/engine-tests.sh vllm-0.33|vllm-0.34|sglang [pytest args...]}
 shift
 venv="$(scripts/engine-venv.sh "$engine")"
 scripts/venv.sh
@@ -38,4 +39,4 @@ sglang)
     ;;
 esac
 export VLLM_TARGET_DEVICE=cpu
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "python/engine_tests/$engine" "$@"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "python/engine_tests/${engine%%-*}" "$@"

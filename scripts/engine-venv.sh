@@ -4,21 +4,33 @@
 # outside the clone (MLA_CACHE_ENGINE_CACHE, default ~/.cache/mla-cache/engines), so
 # a second run on the same machine reuses them; they are never the project's .venv.
 #
-#   scripts/engine-venv.sh vllm     # vllm==0.33.0 with its own torch (CPU use only)
-#   scripts/engine-venv.sh sglang   # sglang==0.5.23, its scheduler-side imports, torch
+#   scripts/engine-venv.sh vllm-0.33   # vllm==0.33.0 with its own torch (CPU use only)
+#   scripts/engine-venv.sh vllm-0.34   # vllm==0.34.0 over vllm 0.33.0's dependency set
+#   scripts/engine-venv.sh sglang      # sglang==0.5.23, its scheduler-side imports, torch
 #
 # A requirements stamp in each environment makes a changed list reinstall only
 # what changed. No GPU is needed: the engines' scheduler sides run on the CPU.
 set -euo pipefail
-engine=${1:?usage: scripts/engine-venv.sh vllm|sglang}
+engine=${1:?usage: scripts/engine-venv.sh vllm-0.33|vllm-0.34|sglang}
 root="${MLA_CACHE_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mla-cache/engines}"
 test_tools="pytest>=8 pyzmq>=25 msgpack>=1.0 maturin>=1.9.4,<2"
 case "$engine" in
-vllm)
+vllm-0.33)
     dir="$root/vllm-0.33.0"
     # xxhash: vLLM's optional dependency for its xxhash_cbor block hash.
     want="vllm==0.33.0 xxhash>=3.5 $test_tools"
     nodeps=""
+    ;;
+vllm-0.34)
+    dir="$root/vllm-0.34.0"
+    # vllm 0.34.0 pins flashinfer-python==0.7.3, which the package index does
+    # not serve. flashinfer is a GPU attention kernel library that the
+    # scheduler side never imports, so 0.34.0 goes in without its dependencies
+    # over 0.33.0's set (the same torch, transformers and the rest; 0.34's
+    # scheduler, KV cache manager, offloading connector and config modules
+    # import with it).
+    want="vllm==0.33.0 xxhash>=3.5 $test_tools"
+    nodeps="vllm==0.34.0"
     ;;
 sglang)
     dir="$root/sglang-0.5.23"
@@ -32,7 +44,7 @@ sglang)
     nodeps="sglang==0.5.23"
     ;;
 *)
-    echo "unknown engine: $engine (vllm or sglang)" >&2
+    echo "unknown engine: $engine (vllm-0.33, vllm-0.34 or sglang)" >&2
     exit 2
     ;;
 esac

@@ -71,6 +71,8 @@ scripts/c-tests.sh --release --features "$features" --asan
 stage "SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
 scripts/engine-tests.sh sglang
 
-stage "vLLM 0.33's real scheduler with the adapter vs its own manager (engine venv, cached)"
-scripts/engine-tests.sh vllm
+stage "vLLM 0.33's real scheduler on mla_cache vs its own manager (engine venv, cached)"
+scripts/engine-tests.sh vllm-0.33
+stage "vLLM 0.34's real scheduler on mla_cache vs its own manager (engine venv, cached)"
+scripts/engine-tests.sh vllm-0.34
 stage "done"

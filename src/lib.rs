@@ -67,6 +67,7 @@ mod stats;
 pub mod store;
 mod sync;
 pub mod tier;
+pub mod vllm_rules;
 
 pub use config::{
     BlockHashKind, CacheConfig, Dtype, EvictionPolicyKind, IndexerGeometry, ModelGeometry,

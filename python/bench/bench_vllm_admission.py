@@ -10,7 +10,7 @@ shape the adapter admits) and with the commit of the prompt's full blocks.
 A round admits ``--requests`` prompts (they fit together), then frees them
 and resets the cache; the median of ``--repeat`` rounds is reported.
 
-Run with the vLLM engine venv (``scripts/engine-venv.sh vllm``):
+Run with the vLLM engine venv (``scripts/engine-venv.sh vllm-0.34``):
 
     PYTHONPATH=python VLLM_TARGET_DEVICE=cpu $VENV/bin/python \\
         python/bench/bench_vllm_admission.py [--tokens 8000] [--repeat 5]

@@ -25,9 +25,9 @@ Workloads: the Mooncake trace (``--trace``, its prompts as
 (``--long N`` requests of 12,000 tokens: one of 64 shared 4,096-token
 prefixes, then a fresh tail).
 
-Run with the vLLM engine venv (``scripts/engine-venv.sh vllm``), the module
+Run with the vLLM engine venv (``scripts/engine-venv.sh vllm-0.34``), the module
 built into ``python/`` (``maturin develop --release`` as
-``scripts/engine-tests.sh vllm`` does):
+``scripts/engine-tests.sh vllm-0.34`` does):
 
     PYTHONPATH=python VLLM_TARGET_DEVICE=cpu $VENV/bin/python \\
         python/bench/bench_vllm_manager.py [--trace FILE] [--repeat 5]

@@ -16,7 +16,7 @@ figure leaves out what the timer measures around an empty call, times the
 calls). Medians of ``--repeat`` rounds, the two managers alternating, and
 the median of each round's own ratio (its two managers back to back).
 
-Run with the vLLM engine venv (see ``scripts/engine-venv.sh vllm``):
+Run with the vLLM engine venv (see ``scripts/engine-venv.sh vllm-0.34``):
 
     PYTHONPATH=python VLLM_TARGET_DEVICE=cpu $VENV/bin/python \\
         python/bench/replay_vllm_scheduler.py --requests 2000

@@ -19,7 +19,9 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
   :class:`AllBlocksCleared`) for KV-aware routers, mirroring vLLM's, and
   :class:`EventPublisher`, which sends them over ZeroMQ in vLLM's wire format.
-- Engine adapters: :mod:`mla_cache.vllm` (vLLM v1's ``KVCacheManager``) and
+- Engine adapters: :mod:`mla_cache.vllm_scheduler` (vLLM 0.33/0.34's
+  schedulers on :mod:`mla_cache.vllm`'s ``KVCacheManager``, selected with
+  ``--scheduler-cls``; it imports vLLM) and
   :mod:`mla_cache.sglang` (a radix-cache backend SGLang 0.5.23 selects with
   ``--radix-cache-backend mla_cache``; it imports SGLang), imported on their own.
 

@@ -819,11 +819,14 @@ class VllmManagerBase:
         enable_kv_cache_events: bool,
         watermark_blocks: int = 0,
         waiting_statuses: Sequence[Any] = ...,
+        request_hit_limits: bool = False,
     ) -> None:
         """Binds the block manager and vLLM's objects; a request whose
         ``status`` is one of ``waiting_statuses`` keeps ``watermark_blocks``
-        free when admitted. ``ValueError`` (nothing bound) for a zero block
-        size, fewer than two block objects or a negative watermark."""
+        free when admitted; ``request_hit_limits``: requests carry vLLM
+        0.34's ``prefix_cache_hit_limit``. ``ValueError`` (nothing bound) for
+        a block size under 2 or fewer than two block objects,
+        ``OverflowError`` for a negative watermark."""
     @property
     def _requests(self) -> dict[str, TrackedRequest]:
         """Admitted requests by vLLM request id."""
@@ -867,8 +870,12 @@ class VllmManagerBase:
     def prefix_cache_lookup_enabled(self, request: Any) -> bool:
         """Whether a prefix lookup runs for the request."""
     def get_computed_blocks(self, request: Any, max_cache_hit_length: Optional[int] = None) -> Tuple[Any, int, int]:
-        """The cached full blocks of the request's longest cached prefix:
+        """The cached full blocks of the request's longest cached prefix
+        within its hit limit and ``max_cache_hit_length``:
         ``(blocks, num_computed_tokens, 0)``."""
+    def get_num_cached_tokens(self, request: Any) -> int:
+        """Tokens of the request's longest cached prefix (vLLM 0.34's probe:
+        no references, events or stats)."""
     def new_step_starts(self) -> None:
         """Nothing to do at a step's start."""
     def take_new_block_ids(self) -> list[int]:

@@ -1,21 +1,23 @@
-"""A drop-in for vLLM v1's ``KVCacheManager`` (vLLM 0.33), backed by mla_cache.
+"""vLLM v1's ``KVCacheManager`` (vLLM 0.33 and 0.34), backed by mla_cache.
 
 :class:`KVCacheManager` takes the keywords vLLM's ``Scheduler`` constructs its
 own manager with and has every method and attribute the scheduler, its
 async (deferred-free) path, spec decode, the KV connectors and the stats code
 read, for one MLA KV cache group (``MLAAttentionSpec``, or
-``FullAttentionSpec`` with one KV head). A fork changes one import line in
-``vllm/v1/core/sched/scheduler.py``::
-
-    from mla_cache.vllm import KVCacheBlocks, KVCacheManager
+``FullAttentionSpec`` with one KV head). vLLM builds it through
+:mod:`mla_cache.vllm_scheduler` (``--scheduler-cls``), with no change to
+vLLM; what differs between the vLLM versions is detected, not configured.
 
 It reads of vLLM's ``Request`` only what vLLM's manager reads
 (``request_id``, ``all_token_ids``, ``num_tokens``, ``num_computed_tokens``,
-``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``,
+``block_hashes``, ``status``, ``lora_request``, ``num_preemptions``, and the
+hit bound: 0.34's ``prefix_cache_hit_limit`` or 0.33's
 ``skip_reading_prefix_cache``), and imports vLLM only to hand back vLLM's
 own results (``KVCacheBlocks``), event and stats objects when vLLM is
 installed. Without vLLM, :meth:`KVCacheManager.from_config` builds one from a
-:class:`~mla_cache.CacheConfig`.
+:class:`~mla_cache.CacheConfig`. The scheduling rules themselves (block need,
+watermark, reserved blocks, full-sequence fit, hit bounds, commit points,
+the null-block shift) are the Rust crate's ``vllm_rules``.
 
 vLLM's semantics, kept:
 
@@ -41,6 +43,10 @@ vLLM's semantics, kept:
   ``block_pool.free_blocks``, once no in-flight step can write them.
 - **Admission gates.** ``watermark``, ``reserved_blocks`` and
   ``full_sequence_must_fit`` only check that blocks fit, as vLLM does.
+- **Hit bounds.** A request's hit never reaches its last token, nor past
+  its own limit (vLLM 0.34's ``prefix_cache_hit_limit``: 0 when it skips the
+  cache, its first scored token when it asks for prompt logprobs), nor the
+  caller's ``max_cache_hit_length``.
 - **Stats.** Prefix-cache stats are recorded only while caching is on and the
   request reads the cache.
 
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ._native import BlockManager, CacheConfig, ExtraKeys, VllmManagerBase
@@ -218,6 +225,17 @@ def _waiting_statuses() -> Tuple[Any, ...]:
     return (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
+def _request_hit_limits() -> bool:
+    """Whether vLLM's requests carry a prefix-cache hit limit
+    (``prefix_cache_hit_limit``, vLLM 0.34) rather than vLLM 0.33's
+    ``skip_reading_prefix_cache``; without vLLM, whether requests may."""
+    try:
+        from vllm.v1.request import Request
+    except ImportError:
+        return False
+    return hasattr(Request, "get_max_cache_hit_length")
+
+
 def _stats_class() -> type:
     """vLLM's ``PrefixCacheStats`` when vLLM is installed, else ours."""
     try:
@@ -279,15 +297,36 @@ def check_layout(kv_cache_config: Any) -> Any:
     return spec
 
 
-class _GroupView:
-    """The face of vLLM's per-group manager that the scheduler reads
-    (``coordinator.single_type_managers[0]``)."""
+class _RequestBlocks(Mapping):
+    """vLLM's ``req_to_blocks``, read only: each admitted request's block
+    table (a tuple of block objects) by request id."""
 
-    def __init__(self, spec: Any, block_size: int) -> None:
+    def __init__(self, owner: "KVCacheManager") -> None:
+        self._owner = owner
+
+    def __getitem__(self, request_id: str) -> Tuple[KVCacheBlock, ...]:
+        return tuple(self._owner._requests[request_id].blocks)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._owner._requests)
+
+    def __len__(self) -> int:
+        return len(self._owner._requests)
+
+
+class _GroupView:
+    """The face of vLLM's per-group manager that the scheduler, connectors
+    and tests read (``coordinator.single_type_managers[0]``)."""
+
+    def __init__(self, owner: "KVCacheManager", spec: Any) -> None:
         self.kv_cache_spec = spec
         """The group's vLLM spec."""
-        self.block_size = block_size
+        self.block_size = owner.block_size
         """Tokens per block."""
+        self.block_pool = owner.block_pool
+        """The pool the group allocates from."""
+        self.req_to_blocks = _RequestBlocks(owner)
+        """Each admitted request's blocks, read only."""
         self.kv_cache_group_id = 0
         """The group's index."""
         self.retains_longer_hit = False
@@ -301,7 +340,7 @@ class _Coordinator:
 
     def __init__(self, owner: "KVCacheManager", spec: Any) -> None:
         self._owner = owner
-        self.single_type_managers = (_GroupView(spec, owner.block_size),)
+        self.single_type_managers = (_GroupView(owner, spec),)
         """One view per group (one here)."""
         self.enable_partial_hash_hits = False
         """Hits are whole blocks."""
@@ -361,10 +400,15 @@ class BlockPool:
         """Fraction of blocks (the null block left out) in use."""
         return self._owner._manager.usage
 
-    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, blocks: Iterable[KVCacheBlock], evict_first: bool = False) -> None:
         """Returns blocks ``pop_blocks_for_free`` handed out (as they are or
         reversed; they go back tail first either way). Raises ``ValueError``
-        (nothing changes) for blocks from anywhere else."""
+        (nothing changes) for blocks from anywhere else, and for
+        ``evict_first`` (vLLM 0.34's order for a connector's own GPU blocks:
+        the block manager's policy orders evictions, and no connector that
+        frees its own blocks runs on this pool)."""
+        if evict_first:
+            raise ValueError("free_blocks(evict_first=True) is not supported: the eviction policy orders evictions")
         key = getattr(blocks, "key", None)
         if key is None and isinstance(blocks, _ReversedPopped):
             key = blocks.popped.key
@@ -520,6 +564,7 @@ class KVCacheManager(VllmManagerBase):
             enable_kv_cache_events=enable_kv_cache_events,
             watermark_blocks=self.watermark_blocks,
             waiting_statuses=_waiting_statuses(),
+            request_hit_limits=_request_hit_limits(),
         )
         self._pending_free: set = set()
         self._loras: Dict[str, Tuple[str, int]] = {}
@@ -630,7 +675,8 @@ class KVCacheManager(VllmManagerBase):
         return self._blocks_cls((list(blocks.blocks[0][:n]),)) if n else self.empty_kv_cache_blocks
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> List[int]:
-        """Always 0 per group, as in vLLM 0.33 (cascade attention was removed)."""
+        """Always 0 per group (vLLM 0.33 keeps this for out-of-tree
+        schedulers; cascade attention was removed)."""
         return [0] * self.num_kv_cache_groups
 
     # ----- per-step hand-offs ------------------------------------------------

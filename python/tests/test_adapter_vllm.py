@@ -646,7 +646,7 @@ def test_admission_refuses_bad_input_and_changes_nothing():
         (ValueError, "encoder", (b, n, hit, blocks), {"num_encoder_tokens": 3}),
         (ValueError, "does not match", (b, n, hit + BS, blocks)),
         (ValueError, "does not match", (b, n, hit - 1, blocks)),
-        (ValueError, "does not match", (b, n, -BS, None)),
+        (OverflowError, "num_new_computed_tokens", (b, n, -BS, None)),
         (ValueError, "not a cache block", (b, n, BS, KVCacheBlocks(([m.block_pool.null_block],)))),
         (ValueError, "not a cache block", (b, n, BS, KVCacheBlocks(([_Block(17)],)))),
         (TypeError, "must be a KVCacheBlocks", (b, n, hit, "not blocks")),
@@ -702,7 +702,7 @@ def test_an_unbound_native_base_raises_instead_of_crashing():
     manager = mla_cache.BlockManager(small_config(8, BS))
     # A block of one token would be filled by the token past a hit.
     for block_size in (0, 1):
-        with pytest.raises(ValueError, match="block_size"):
+        with pytest.raises(ValueError, match="block size must be at least 2"):
             base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=block_size,
                        max_model_len=64, num_reprefillable_tokens=0, enable_caching=True,
                        use_eagle=False, log_stats=False, enable_kv_cache_events=False)

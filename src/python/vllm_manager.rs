@@ -17,6 +17,7 @@ use super::errors;
 use super::extra_keys;
 use super::int_arrays::tokens;
 use super::manager::BlockManager;
+use crate::vllm_rules::{self, AdmissionCheck, StepCheck, VllmRules};
 use crate::{manager, AdmitOptions, BlockHash, BlockId, Error, RequestId, TokenId};
 
 /// What the adapter keeps of an admitted request (its entry in
@@ -64,15 +65,14 @@ struct State {
     requests: Py<PyDict>,
     /// vLLM's `RequestStatus.WAITING` and `PREEMPTED` (the watermark's).
     waiting_statuses: Vec<Py<PyAny>>,
-    watermark_blocks: i64,
     /// The next admission's request id in the block manager.
     next_key: AtomicU64,
-    block_size: usize,
-    max_model_len: usize,
-    reprefillable: usize,
-    caching: bool,
+    /// vLLM's decisions, from the counts read here.
+    rules: VllmRules,
+    /// Whether requests carry vLLM 0.34's `prefix_cache_hit_limit` (else
+    /// vLLM 0.33's `skip_reading_prefix_cache`).
+    hit_limits: bool,
     pass_tokens: bool,
-    use_eagle: bool,
     log_stats: bool,
     events: bool,
 }
@@ -81,15 +81,6 @@ impl State {
     /// The Rust block manager.
     fn core(&self) -> &manager::BlockManager {
         self.manager.get().core()
-    }
-
-    /// Computed tokens from which a request with `cached_blocks` committed
-    /// may commit one more (a full block, and MTP's re-prefill tail past it).
-    fn next_cache(&self, cached_blocks: usize) -> usize {
-        if !self.caching {
-            return 1 << 62;
-        }
-        (cached_blocks + 1) * self.block_size + self.reprefillable
     }
 
     /// The tracked entry of `request_id`, if admitted.
@@ -111,7 +102,7 @@ impl State {
         &self,
         request: &Bound<'_, PyAny>,
         tracked: &Bound<'_, Tracked>,
-        num_tokens: i64,
+        num_tokens: usize,
     ) -> PyResult<()> {
         let (cached, appended, held) = {
             let t = tracked.try_borrow()?;
@@ -136,21 +127,22 @@ impl State {
         request: &Bound<'py, PyAny>,
         cached: usize,
         appended: usize,
-        num_tokens: i64,
+        num_tokens: usize,
         held: usize,
     ) -> PyResult<Option<Commit<'py>>> {
-        if !self.caching {
+        if !self.rules.caching() {
             return Ok(None);
         }
         let py = request.py();
-        let bs = self.block_size;
+        let bs = self.rules.block_size();
         let digests = request.getattr(intern!(py, "block_hashes"))?;
         let digests = digests
             .cast_into::<PyList>()
             .map_err(|_| PyTypeError::new_err("request.block_hashes must be a list of bytes"))?;
         // Never past the slots held: tokens only fill room already allocated.
-        let upto_tokens = usize::try_from(num_tokens - self.reprefillable as i64).unwrap_or(0);
-        let full = upto_tokens.min(digests.len() * bs).min(held * bs) / bs;
+        let full = self
+            .rules
+            .committable_blocks(num_tokens, digests.len(), held);
         if full <= cached {
             return Ok(None);
         }
@@ -174,7 +166,7 @@ impl State {
     /// Carries out a planned commit.
     fn apply_commit(&self, tracked: &Bound<'_, Tracked>, commit: Commit<'_>) -> PyResult<()> {
         let py = tracked.py();
-        let bs = self.block_size;
+        let bs = self.rules.block_size();
         let core = self.core();
         let mut t = tracked.try_borrow_mut()?;
         let upto = commit.full * bs;
@@ -193,7 +185,7 @@ impl State {
             b.setattr(intern!(py, "digest"), commit.digests.get_item(i)?)?;
         }
         t.cached_blocks = commit.full;
-        t.next_cache = self.next_cache(commit.full);
+        t.next_cache = self.rules.next_commit_at(commit.full);
         Ok(())
     }
 
@@ -206,7 +198,10 @@ impl State {
     ) -> PyResult<Bound<'py, PyList>> {
         let py = tracked.py();
         let objs = self.block_objs.bind(py);
-        if let Some(bad) = ids.iter().find(|&&b| b as usize + 1 >= objs.len()) {
+        if let Some(bad) = ids
+            .iter()
+            .find(|&&b| vllm_rules::vllm_block_id(b) >= objs.len())
+        {
             return Err(PyValueError::new_err(format!(
                 "block id {bad} is outside the cache ({} blocks)",
                 objs.len() - 1
@@ -214,7 +209,7 @@ impl State {
         }
         let new = PyList::empty(py);
         for &b in ids {
-            let obj = objs.get_item(b as usize + 1)?;
+            let obj = objs.get_item(vllm_rules::vllm_block_id(b))?;
             obj.setattr(intern!(py, "block_hash_num_tokens"), py.None())?;
             new.append(obj)?;
         }
@@ -228,28 +223,24 @@ impl State {
 
     /// A tracked request's step (``allocate_slots`` without a new prefix
     /// hit): grows its table to the step's slots when they need blocks
-    /// (``None``, nothing changed, as vLLM's check: when the blocks needed
-    /// plus the request's watermark exceed the free blocks less
-    /// ``reserved``, or with ``full`` the whole sequence's plus it exceed
-    /// the free blocks), then commits the step's hashed full blocks unless
-    /// ``delay``. Until a block fills, a counter check.
+    /// (``None``, nothing changed, when they do not fit: `VllmRules::step_fits`),
+    /// then commits the step's hashed full blocks unless ``delay``. Until a
+    /// block fills, a counter check.
     #[allow(clippy::too_many_arguments)]
     fn step<'py>(
         &self,
         request: &Bound<'py, PyAny>,
         tracked: &Bound<'py, Tracked>,
-        num_new_tokens: i64,
-        num_lookahead_tokens: i64,
-        num_external_computed_tokens: i64,
+        num_new_tokens: usize,
+        num_lookahead_tokens: usize,
+        num_external_computed_tokens: usize,
         delay: bool,
-        reserved: i64,
+        reserved: usize,
         has_scheduled_reqs: bool,
         full: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = request.py();
-        let bs = self.block_size as i64;
-        let max_len = self.max_model_len as i64;
-        let (total_computed, slots) = self.span(
+        let span = self.span(
             request,
             num_external_computed_tokens,
             num_new_tokens,
@@ -257,48 +248,49 @@ impl State {
         )?;
         let (held, key, next_cache, cached, appended) = {
             let t = tracked.try_borrow()?;
-            let held = t.blocks.bind(py).len() as i64;
+            let held = t.blocks.bind(py).len();
             (held, t.key, t.next_cache, t.cached_blocks, t.appended)
         };
-        let need = (slots + bs - 1).div_euclid(bs) - held;
-        let may_watermark = has_scheduled_reqs && self.watermark_blocks > 0;
+        let need = self.rules.new_blocks(span.slots, held);
+        let may_watermark = has_scheduled_reqs && self.rules.watermark_blocks() > 0;
         if need > 0 || reserved > 0 || full || may_watermark {
-            let free = self.core().num_free_blocks() as i64;
-            let available = free.saturating_sub(reserved);
-            let need = need.max(0);
+            let check = StepCheck {
+                new_blocks: need,
+                held_blocks: held,
+                free_blocks: self.core().num_free_blocks(),
+                reserved_blocks: reserved,
+                full_sequence_tokens: if full {
+                    Some(request.getattr(intern!(py, "num_tokens"))?.extract()?)
+                } else {
+                    None
+                },
+            };
             // A tracked request is waiting again after an asynchronous KV
-            // load: vLLM applies the watermark to it as to an admission.
-            // Its status is read only where the watermark could refuse.
-            let watermark = if full || need.saturating_add(self.watermark_blocks) > available {
+            // load: vLLM applies the watermark to it as to an admission. Its
+            // status is read only where the watermark could refuse.
+            let watermark = if full || !self.rules.step_fits(check, self.rules.watermark_blocks()) {
                 self.watermark(request, has_scheduled_reqs)?
             } else {
                 0
             };
-            if need.saturating_add(watermark) > available {
+            if !self.rules.step_fits(check, watermark) {
                 return Ok(None);
-            }
-            if full {
-                let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-                let whole = (total.min(max_len) + bs - 1).div_euclid(bs);
-                if (whole - held).max(0).saturating_add(watermark) > free {
-                    return Ok(None);
-                }
             }
         }
         // The commit is planned (digests and tokens checked) before the
         // table grows, so bad input changes nothing.
-        let upto = total_computed.saturating_add(num_new_tokens);
-        let commit = if !delay && upto >= next_cache as i64 {
-            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-            let held_after = (held + need.max(0)) as usize;
-            self.plan_commit(request, cached, appended, upto.min(total), held_after)?
+        let upto = span.computed.saturating_add(num_new_tokens);
+        let commit = if !delay && upto >= next_cache {
+            let total: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            self.plan_commit(request, cached, appended, upto.min(total), held + need)?
         } else {
             None
         };
         let mut new = None;
         if need > 0 {
             let core = self.core();
-            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            let slots = span.slots;
+            let total: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
             let grown = if self.pass_tokens && slots <= total {
                 // Every slot holds a known token (a prefill chunk) that
                 // events will carry: one call hands them over and takes the
@@ -313,11 +305,11 @@ impl State {
                 ))?)?;
                 let grown = core.append(key, &chunk);
                 if grown.is_ok() {
-                    tracked.try_borrow_mut()?.appended = slots as usize;
+                    tracked.try_borrow_mut()?.appended = slots;
                 }
                 grown
             } else {
-                core.reserve(key, slots as usize)
+                core.reserve(key, slots)
             };
             match grown {
                 Ok(g) => new = Some(self.take_new(tracked, &g.new_block_ids)?),
@@ -355,7 +347,7 @@ impl State {
                 blocks: blocks.unbind(),
                 appended,
                 cached_blocks,
-                next_cache: self.next_cache(cached_blocks),
+                next_cache: self.rules.next_commit_at(cached_blocks),
                 view,
             },
         )?;
@@ -368,42 +360,29 @@ impl State {
     /// cache.
     fn cache_block_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<BlockId> {
         let id: usize = obj.getattr(intern!(obj.py(), "block_id"))?.extract()?;
-        match id.checked_sub(1) {
-            Some(b) if id < self.block_objs.bind(obj.py()).len() => Ok(b as BlockId),
-            _ => Err(PyValueError::new_err(format!(
-                "block id {id} is not a cache block"
-            ))),
-        }
+        vllm_rules::cache_block_id(id, self.block_objs.bind(obj.py()).len())
+            .ok_or_else(|| PyValueError::new_err(format!("block id {id} is not a cache block")))
     }
 
-    /// vLLM's counts for a step of ``request``: its computed tokens with
-    /// ``adopted`` more (a new hit, external tokens), and the slots the step
-    /// needs past them for ``new`` and ``lookahead`` tokens; both capped at
-    /// ``max_model_len``, the sums saturating.
+    /// vLLM's counts for a step of ``request`` (`VllmRules::span`), from
+    /// its computed tokens.
     fn span(
         &self,
         request: &Bound<'_, PyAny>,
-        adopted: i64,
-        new: i64,
-        lookahead: i64,
-    ) -> PyResult<(i64, i64)> {
-        let max_len = self.max_model_len as i64;
-        let computed: i64 = request
+        adopted: usize,
+        new: usize,
+        lookahead: usize,
+    ) -> PyResult<vllm_rules::Span> {
+        let computed: usize = request
             .getattr(intern!(request.py(), "num_computed_tokens"))?
             .extract()?;
-        let total_computed = computed.saturating_add(adopted).min(max_len);
-        let slots = total_computed
-            .saturating_add(new)
-            .saturating_add(lookahead)
-            .min(max_len);
-        Ok((total_computed, slots))
+        Ok(self.rules.span(computed, adopted, new, lookahead))
     }
 
-    /// vLLM's watermark for the request: ``watermark_blocks`` when others
-    /// are scheduled and it is waiting or was preempted (its ``status`` is
-    /// one of those members), else 0.
-    fn watermark(&self, request: &Bound<'_, PyAny>, has_scheduled_reqs: bool) -> PyResult<i64> {
-        if !has_scheduled_reqs || self.watermark_blocks == 0 {
+    /// vLLM's watermark for the request (`VllmRules::watermark`): it is
+    /// waiting or was preempted when its ``status`` is one of those members.
+    fn watermark(&self, request: &Bound<'_, PyAny>, has_scheduled_reqs: bool) -> PyResult<usize> {
+        if !has_scheduled_reqs || self.rules.watermark_blocks() == 0 {
             return Ok(0);
         }
         let py = request.py();
@@ -411,7 +390,7 @@ impl State {
             Some(status) => self.waiting_statuses.iter().any(|s| status.is(s.bind(py))),
             None => false,
         };
-        Ok(if waiting { self.watermark_blocks } else { 0 })
+        Ok(self.rules.watermark(has_scheduled_reqs, waiting))
     }
 
     /// Admits a request that is not running with exactly the hit the
@@ -419,9 +398,9 @@ impl State {
     /// ``KVCacheBlocks`` or ``None``) and ``slots`` slots, then commits its
     /// hashed full blocks among the first ``commit_upto`` tokens (``None``:
     /// no commit); returns its new block objects, or ``None``, nothing
-    /// touched, when fewer than ``keep_free`` blocks would stay free (the
-    /// hit's free blocks counted as taken, as vLLM counts them) or, with
-    /// ``full_watermark``, the whole sequence would not fit above it.
+    /// touched, when it does not fit with ``reserved`` blocks and
+    /// ``watermark`` kept free (`VllmRules::admission_fits`; with ``full``
+    /// the whole sequence must fit too).
     /// Everything is read and checked first: ``ValueError`` / ``TypeError``
     /// (nothing changed) for a hit that does not match its blocks or digests
     /// the block manager refuses, ``RuntimeError`` (nothing changed) if the
@@ -435,15 +414,16 @@ impl State {
         owner: &Bound<'py, PyAny>,
         request: &Bound<'py, PyAny>,
         request_id: &Bound<'py, PyAny>,
-        hit: i64,
+        hit: usize,
         hit_blocks: Option<&Bound<'py, PyAny>>,
-        slots: i64,
-        keep_free: i64,
-        full_watermark: Option<i64>,
-        commit_upto: Option<i64>,
+        slots: usize,
+        reserved: usize,
+        watermark: usize,
+        full: bool,
+        commit_upto: Option<usize>,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
         let py = request.py();
-        let bs = self.block_size as i64;
+        let bs = self.rules.block_size();
         let expected = match hit_blocks {
             Some(blocks) if !blocks.is_none() => {
                 let group = blocks
@@ -456,7 +436,7 @@ impl State {
             }
             _ => PyList::empty(py),
         };
-        if hit < 0 || hit % bs != 0 || expected.len() as i64 * bs != hit {
+        if hit % bs != 0 || expected.len().saturating_mul(bs) != hit {
             return Err(PyValueError::new_err(format!(
                 "a hit of {hit} tokens does not match {} blocks",
                 expected.len()
@@ -468,25 +448,30 @@ impl State {
             .collect::<PyResult<Vec<_>>>()?;
         let core = self.core();
         // One token past the hit, so the manager reuses exactly the hit.
-        let head = hit as usize + 1;
+        let head = hit + 1;
         let n = hit_ids.len();
-        let need = (slots.max(head as i64) + bs - 1) / bs;
-        if need < self.block_objs.bind(py).len() as i64 {
-            // vLLM's check: the new blocks and the hit's free ones must leave
-            // ``keep_free`` blocks free (a request larger than the cache goes
-            // on to the block manager's error).
+        let slots = slots.max(head);
+        let need = self.rules.blocks_for(slots);
+        if need < self.block_objs.bind(py).len() {
+            // vLLM's check (a request larger than the cache goes on to the
+            // block manager's error).
             let mut free_hit = 0;
             for &b in &hit_ids {
-                free_hit += i64::from(core.ref_count(b).map_err(errors::to_py)? == 0);
+                free_hit += usize::from(core.ref_count(b).map_err(errors::to_py)? == 0);
             }
-            let free_after = core.num_free_blocks() as i64 - (need - n as i64) - free_hit;
-            let mut short = free_after < keep_free;
-            if let (Some(watermark), false) = (full_watermark, short) {
-                let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-                let whole = (total.min(self.max_model_len as i64) + bs - 1) / bs;
-                short = free_after < (whole - need).max(0) + watermark;
-            }
-            if short {
+            let check = AdmissionCheck {
+                table_blocks: need,
+                hit_blocks: n,
+                free_hit_blocks: free_hit,
+                free_blocks: core.num_free_blocks(),
+                reserved_blocks: reserved,
+                full_sequence_tokens: if full {
+                    Some(request.getattr(intern!(py, "num_tokens"))?.extract()?)
+                } else {
+                    None
+                },
+            };
+            if !self.rules.admission_fits(check, watermark) {
                 return Ok(None);
             }
         }
@@ -504,9 +489,8 @@ impl State {
                 "request {request_id}: the prefix hit changed since get_computed_blocks"
             )));
         }
-        let held = need.max(0) as usize;
         let commit = match commit_upto {
-            Some(upto) => self.plan_commit(request, n, head, upto, held)?,
+            Some(upto) => self.plan_commit(request, n, head, upto, need)?,
             None => None,
         };
         let keys = match request.getattr_opt(intern!(py, "lora_request"))? {
@@ -517,7 +501,7 @@ impl State {
             _ => Default::default(),
         };
         let opts = AdmitOptions {
-            decode_slots: slots.max(head as i64) as usize - head,
+            decode_slots: slots - head,
             keys,
             chunked_prefill: true,
         };
@@ -531,7 +515,7 @@ impl State {
             self.unadmit(request_id, key);
             e
         };
-        if admission.num_cached_tokens != hit as usize || !still_cached(&admission.block_ids) {
+        if admission.num_cached_tokens != hit || !still_cached(&admission.block_ids) {
             return Err(undo(PyRuntimeError::new_err(format!(
                 "request {request_id}: the prefix hit changed since get_computed_blocks"
             ))));
@@ -566,15 +550,66 @@ impl State {
         self.blocks_class.bind(py).call1(((new,),))
     }
 
-    /// Whether a prefix lookup runs for the request.
+    /// The request's own bound on its prefix hit, in tokens: vLLM 0.34's
+    /// ``prefix_cache_hit_limit`` (``None``: unbounded; 0: the request skips
+    /// the cache); on vLLM 0.33, 0 when it sets ``skip_reading_prefix_cache``.
+    fn hit_limit(&self, request: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        let py = request.py();
+        if self.hit_limits {
+            let limit = request.getattr(intern!(py, "prefix_cache_hit_limit"))?;
+            return if limit.is_none() {
+                Ok(None)
+            } else {
+                Ok(Some(limit.extract()?))
+            };
+        }
+        match request.getattr_opt(intern!(py, "skip_reading_prefix_cache"))? {
+            Some(skip) if skip.is_truthy()? => Ok(Some(0)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether a prefix lookup runs for the request: caching is on and the
+    /// request does not skip the cache.
     fn lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if !self.caching {
-            return Ok(false);
+        Ok(self.rules.caching() && self.hit_limit(request)? != Some(0))
+    }
+
+    /// The leading cached blocks (block manager ids) of the request's
+    /// longest cached prefix within its own limit and ``bound`` (EAGLE's
+    /// last block dropped); empty when the request does not read the cache.
+    fn lookup(&self, request: &Bound<'_, PyAny>, bound: Option<usize>) -> PyResult<Vec<BlockId>> {
+        if !self.rules.caching() {
+            return Ok(Vec::new());
         }
-        match request.getattr_opt(intern!(request.py(), "skip_reading_prefix_cache"))? {
-            Some(skip) => Ok(!skip.is_truthy()?),
-            None => Ok(true),
+        match self.hit_limit(request)? {
+            Some(0) => Ok(Vec::new()),
+            limit => self.find(request, limit, bound),
         }
+    }
+
+    /// The leading cached blocks of the request's longest cached prefix
+    /// within ``limit`` and ``bound`` (`VllmRules::max_cache_hit`), EAGLE's
+    /// last block dropped. Looked up by vLLM's digests, read only up to the
+    /// first miss; no references are taken.
+    fn find(
+        &self,
+        request: &Bound<'_, PyAny>,
+        limit: Option<usize>,
+        bound: Option<usize>,
+    ) -> PyResult<Vec<BlockId>> {
+        let py = request.py();
+        let num_tokens: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+        let max_hit = self.rules.max_cache_hit(num_tokens, limit, bound);
+        let n = self.rules.lookup_blocks(max_hit);
+        let hashes = request.getattr(intern!(py, "block_hashes"))?;
+        if n == 0 || hashes.len()? == 0 {
+            return Ok(Vec::new());
+        }
+        let mut found = digests::match_leading(self.core(), &hashes, n)?.block_ids;
+        let n = self.rules.hit_blocks(found.len().min(n));
+        found.truncate(n);
+        Ok(found)
     }
 }
 
@@ -608,10 +643,13 @@ impl VllmManagerBase {
     /// ``KVCacheBlocks``, the ``KVCacheBlocks`` and prefix-cache stats
     /// classes; ``waiting_statuses`` (vLLM's ``RequestStatus.WAITING`` and
     /// ``PREEMPTED``: a request whose ``status`` is one of them keeps
-    /// ``watermark_blocks`` free when admitted beside scheduled ones).
-    /// ``ValueError`` (nothing bound) for a zero block size, fewer than two
-    /// blocks or a negative watermark.
-    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events, watermark_blocks = 0, waiting_statuses = Vec::new()))]
+    /// ``watermark_blocks`` free when admitted beside scheduled ones);
+    /// ``request_hit_limits``: requests carry vLLM 0.34's
+    /// ``prefix_cache_hit_limit`` (else vLLM 0.33's
+    /// ``skip_reading_prefix_cache``). ``ValueError`` (nothing bound) for a
+    /// block size under 2 or fewer than two blocks; ``OverflowError`` for a
+    /// negative watermark.
+    #[pyo3(signature = (manager, block_objs, empty, blocks_class, stats_class, *, block_size, max_model_len, num_reprefillable_tokens, enable_caching, use_eagle, log_stats, enable_kv_cache_events, watermark_blocks = 0, waiting_statuses = Vec::new(), request_hit_limits = false))]
     #[allow(clippy::too_many_arguments)]
     fn _bind(
         &mut self,
@@ -628,19 +666,19 @@ impl VllmManagerBase {
         use_eagle: bool,
         log_stats: bool,
         enable_kv_cache_events: bool,
-        watermark_blocks: i64,
+        watermark_blocks: usize,
         waiting_statuses: Vec<Py<PyAny>>,
+        request_hit_limits: bool,
     ) -> PyResult<()> {
-        if watermark_blocks < 0 {
-            return Err(PyValueError::new_err(
-                "watermark_blocks must be non-negative",
-            ));
-        }
-        if block_size < 2 {
-            // An admission hands the block manager one token past the hit,
-            // which must not fill a block of its own.
-            return Err(PyValueError::new_err("block_size must be at least 2"));
-        }
+        let rules = VllmRules::new(
+            block_size,
+            max_model_len,
+            num_reprefillable_tokens,
+            watermark_blocks,
+            enable_caching,
+            use_eagle,
+        )
+        .map_err(errors::to_py)?;
         if block_objs.bind(py).len() < 2 {
             return Err(PyValueError::new_err(
                 "block_objs must hold the null block and at least one more",
@@ -654,14 +692,10 @@ impl VllmManagerBase {
             stats_class,
             requests: PyDict::new(py).unbind(),
             waiting_statuses,
-            watermark_blocks,
             next_key: AtomicU64::new(0),
-            block_size,
-            max_model_len,
-            reprefillable: num_reprefillable_tokens,
-            caching: enable_caching,
+            rules,
+            hit_limits: request_hit_limits,
             pass_tokens: enable_caching && enable_kv_cache_events,
-            use_eagle,
             log_stats,
             events: enable_kv_cache_events,
         });
@@ -711,15 +745,15 @@ impl VllmManagerBase {
     fn allocate_slots<'py>(
         slf: &Bound<'py, Self>,
         request: &Bound<'py, PyAny>,
-        num_new_tokens: i64,
-        num_new_computed_tokens: i64,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
         new_computed_blocks: Option<Bound<'py, PyAny>>,
-        num_lookahead_tokens: i64,
-        num_external_computed_tokens: i64,
+        num_lookahead_tokens: usize,
+        num_external_computed_tokens: usize,
         delay_cache_blocks: bool,
-        num_encoder_tokens: i64,
+        num_encoder_tokens: usize,
         full_sequence_must_fit: bool,
-        reserved_blocks: i64,
+        reserved_blocks: usize,
         has_scheduled_reqs: bool,
         skip_zeroing_group_ids: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -759,7 +793,7 @@ impl VllmManagerBase {
             )?;
             return Ok(out.unwrap_or_else(none));
         }
-        let (total_computed, slots) = st.span(
+        let span = st.span(
             request,
             num_new_computed_tokens.saturating_add(num_external_computed_tokens),
             num_new_tokens,
@@ -769,8 +803,8 @@ impl VllmManagerBase {
         let commit_upto = if delay_cache_blocks {
             None
         } else {
-            let total: i64 = request.getattr(intern!(py, "num_tokens"))?.extract()?;
-            Some(total_computed.saturating_add(num_new_tokens).min(total))
+            let total: usize = request.getattr(intern!(py, "num_tokens"))?.extract()?;
+            Some(span.computed.saturating_add(num_new_tokens).min(total))
         };
         match st.admit(
             slf.as_any(),
@@ -778,9 +812,10 @@ impl VllmManagerBase {
             &request_id,
             num_new_computed_tokens,
             new_computed_blocks.as_ref(),
-            slots,
-            reserved_blocks.saturating_add(watermark),
-            full_sequence_must_fit.then_some(watermark),
+            span.slots,
+            reserved_blocks,
+            watermark,
+            full_sequence_must_fit,
             commit_upto,
         )? {
             Some(new) => st.result(&new),
@@ -791,9 +826,9 @@ impl VllmManagerBase {
     /// Makes the request's full blocks among its first
     /// ``num_computed_tokens`` tokens shareable (those vLLM has hashed),
     /// whether or not the tokens came through ``allocate_slots``.
-    fn cache_blocks(&self, request: &Bound<'_, PyAny>, num_computed_tokens: i64) -> PyResult<()> {
+    fn cache_blocks(&self, request: &Bound<'_, PyAny>, num_computed_tokens: usize) -> PyResult<()> {
         let st = self.state()?;
-        if !st.caching {
+        if !st.rules.caching() {
             return Ok(());
         }
         let request_id = request.getattr(intern!(request.py(), "request_id"))?;
@@ -841,58 +876,51 @@ impl VllmManagerBase {
     }
 
     /// Whether a prefix lookup runs for the request: caching is on and the
-    /// request does not set ``skip_reading_prefix_cache``.
+    /// request reads the cache (vLLM 0.34: its ``prefix_cache_hit_limit`` is
+    /// not 0; vLLM 0.33: it does not set ``skip_reading_prefix_cache``).
     fn prefix_cache_lookup_enabled(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
         self.state()?.lookup_enabled(request)
     }
 
     /// The cached full blocks of the request's longest cached prefix, at
-    /// most ``max_cache_hit_length`` tokens (default ``num_tokens - 1``: the
-    /// last token is recomputed for its logits); with ``use_eagle`` the last
-    /// hit block is dropped. ``(blocks, num_computed_tokens, 0)``; no
-    /// references are taken. Looked up by vLLM's digests
-    /// (``request.block_hashes``), read only up to the first miss. The third
-    /// value is vLLM's shared-prefix boundary of sparse groups, always 0 here.
+    /// most ``max_cache_hit_length`` tokens and within the request's own
+    /// limit (its last token is computed again for its logits; vLLM 0.34's
+    /// ``prefix_cache_hit_limit``); with ``use_eagle`` the last hit block is
+    /// dropped. ``(blocks, num_computed_tokens, 0)``; no references are
+    /// taken. Looked up by vLLM's digests (``request.block_hashes``), read
+    /// only up to the first miss. The third value is vLLM's shared-prefix
+    /// boundary of sparse groups, always 0 here.
     #[pyo3(signature = (request, max_cache_hit_length = None))]
     fn get_computed_blocks<'py>(
         &self,
         request: &Bound<'py, PyAny>,
-        max_cache_hit_length: Option<i64>,
+        max_cache_hit_length: Option<usize>,
     ) -> PyResult<(Bound<'py, PyAny>, usize, usize)> {
         let py = request.py();
         let st = self.state()?;
-        let empty = st.empty.bind(py).clone();
-        if !st.lookup_enabled(request)? {
-            return Ok((empty, 0, 0));
-        }
-        let mut limit: i64 = request
-            .getattr(intern!(py, "num_tokens"))?
-            .extract::<i64>()?
-            - 1;
-        if let Some(max) = max_cache_hit_length {
-            limit = limit.min(max);
-        }
-        let hashes = request.getattr(intern!(py, "block_hashes"))?;
-        let bs = st.block_size;
-        let n = usize::try_from(limit).unwrap_or(0) / bs;
-        if n == 0 || hashes.len()? == 0 {
-            return Ok((empty, 0, 0));
-        }
-        let found = digests::match_leading(st.core(), &hashes, n)?;
-        let mut n = found.num_tokens / bs;
-        if st.use_eagle && n > 0 {
-            n -= 1;
-        }
-        if n == 0 {
-            return Ok((empty, 0, 0));
+        let found = st.lookup(request, max_cache_hit_length)?;
+        if found.is_empty() {
+            return Ok((st.empty.bind(py).clone(), 0, 0));
         }
         let objs = st.block_objs.bind(py);
         let hit = PyList::empty(py);
-        for &b in &found.block_ids[..n] {
-            hit.append(objs.get_item(b as usize + 1)?)?;
+        for &b in &found {
+            hit.append(objs.get_item(vllm_rules::vllm_block_id(b))?)?;
         }
         let blocks = st.blocks_class.bind(py).call1(((hit,),))?;
-        Ok((blocks, n * bs, 0))
+        Ok((blocks, found.len() * st.rules.block_size(), 0))
+    }
+
+    /// Tokens of the request's longest cached prefix (its last token left
+    /// out), or 0 when it does not read the cache: vLLM 0.34's probe for
+    /// cache-aware admission, which, like vLLM's, does not apply the
+    /// request's positive hit limit. No references, events or stats.
+    fn get_num_cached_tokens(&self, request: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let st = self.state()?;
+        if !st.lookup_enabled(request)? {
+            return Ok(0);
+        }
+        Ok(st.find(request, None, None)?.len() * st.rules.block_size())
     }
 
     /// Nothing to do at a step's start.

@@ -1,23 +1,25 @@
-"""Builds vLLM 0.33's real ``Scheduler`` on the CPU, with vLLM's own KV cache
-manager or with ``mla_cache.vllm.KVCacheManager``, and drives it step by step
-with a deterministic stand-in for the model runner.
+"""Builds vLLM's real ``Scheduler`` (0.33 or 0.34, whichever is installed) on
+the CPU, with vLLM's own KV cache manager or with
+``mla_cache.vllm.KVCacheManager``, and drives it step by step with a
+deterministic stand-in for the model runner.
 
-The adapter goes in exactly as a fork puts it in: the scheduler module's
-``KVCacheManager`` name points at ours (the fork's one changed import line);
-nothing else of vLLM changes. The model is a tiny config written to a
-temporary folder (no download, no tokenizer); its KV cache is one
-``MLAAttentionSpec`` group (DeepSeek's 576-element latent).
+The adapter goes in as a user puts it in: the scheduler class is
+``mla_cache.vllm_scheduler``'s (``--scheduler-cls``); nothing of vLLM
+changes. The model is a tiny config written to a temporary folder (no
+download, no tokenizer); its KV cache is one ``MLAAttentionSpec`` group
+(DeepSeek's 576-element latent). ``cpu_platform`` (imported first) makes
+vLLM 0.34's CPU platform build configs on this machine.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import cpu_platform  # noqa: F401  (before vLLM's configs are built)
 import torch
 from vllm.config import (
     CacheConfig,
@@ -30,7 +32,6 @@ from vllm.config import (
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched import scheduler as scheduler_module
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -40,6 +41,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import mla_cache.vllm as ours
+from mla_cache.vllm_scheduler import MlaAsyncScheduler, MlaScheduler
 
 EOS = 2
 """The tiny model's end-of-sequence token (never sampled: runs end on max_tokens)."""
@@ -82,16 +84,11 @@ def mla_spec(block_size: int) -> MLAAttentionSpec:
     )
 
 
-@contextmanager
-def manager_class(adapter: bool) -> Iterator[None]:
-    """While open, the scheduler module builds ``mla_cache``'s manager when
-    ``adapter`` (what a fork's changed import line does), else vLLM's."""
-    stock = scheduler_module.KVCacheManager
-    scheduler_module.KVCacheManager = ours.KVCacheManager if adapter else stock
-    try:
-        yield
-    finally:
-        scheduler_module.KVCacheManager = stock
+def scheduler_class(adapter: bool, async_scheduling: bool) -> type:
+    """vLLM's scheduler class, or mla_cache's (``--scheduler-cls``)."""
+    if adapter:
+        return MlaAsyncScheduler if async_scheduling else MlaScheduler
+    return AsyncScheduler if async_scheduling else Scheduler
 
 
 def make_scheduler(
@@ -110,12 +107,14 @@ def make_scheduler(
     enable_chunked_prefill: bool = True,
     connector_storage: Optional[str] = None,
     watermark: float = 0.0,
+    **scheduler_extra: Any,
 ) -> Scheduler:
     """vLLM's scheduler (``AsyncScheduler`` with ``async_scheduling``) with
     the stock manager or the adapter; with ``connector_storage``, vLLM's
     bundled ``ExampleConnector`` (a KV consumer and producer) over that
     folder; ``watermark``: the fraction of blocks kept free when admitting
-    waiting or preempted requests."""
+    waiting or preempted requests; ``scheduler_extra``: more
+    ``SchedulerConfig`` fields (those of one vLLM version)."""
     model_config = ModelConfig(
         model=model_dir(),
         dtype="bfloat16",
@@ -132,6 +131,7 @@ def make_scheduler(
         is_encoder_decoder=False,
         watermark=watermark,
         policy=policy,
+        **scheduler_extra,
     )
     cache_config = CacheConfig(
         block_size=block_size,
@@ -171,16 +171,17 @@ def make_scheduler(
     )
     cache_config.num_gpu_blocks = num_blocks
     register_all_kvcache_specs(vllm_config)
-    cls = AsyncScheduler if async_scheduling else Scheduler
-    with manager_class(adapter):
-        return cls(
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            block_size=block_size,
-            log_stats=True,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-        )
+    return scheduler_class(adapter, async_scheduling)(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=block_size,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+    )
 
+
+_INDEXED_OUTPUTS = "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__
+"""vLLM 0.33's model output carries each request's row (0.34 uses ``req_ids``'s order)."""
 
 _hash_ready = False
 
@@ -194,16 +195,19 @@ def make_request(
     priority: int = 0,
     arrival_time: float = 0.0,
     prompt_logprobs: Optional[int] = None,
+    sampling: Optional[Dict[str, Any]] = None,
     **extra: Any,
 ) -> Request:
     """A vLLM ``Request`` with vLLM's own block hasher (as the engine builds it);
-    ``extra``: more ``Request`` keywords (``lora_request``, ``cache_salt``,
-    ``mm_features``)."""
+    ``sampling``: more ``SamplingParams`` keywords; ``extra``: more
+    ``Request`` keywords (``lora_request``, ``cache_salt``, ``mm_features``)."""
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
         _hash_ready = True
-    params = SamplingParams(ignore_eos=True, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
+    params = SamplingParams(
+        ignore_eos=True, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs, **(sampling or {})
+    )
     params.update_from_generation_config({}, EOS)
     return Request(
         request_id=request_id,
@@ -294,14 +298,16 @@ class Driver:
             toks = list(drafts[:accepted])
             toks.append(next_token(rid, pos + accepted))
             sampled.append(toks)
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
+        fields = {
+            "req_ids": req_ids,
+            "sampled_token_ids": sampled,
+            "logprobs": None,
+            "prompt_logprobs_dict": {},
+            "pooler_output": [],
+        }
+        if _INDEXED_OUTPUTS:
+            fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        return ModelRunnerOutput(**fields)
 
     def update(self, out, model_output: Optional[ModelRunnerOutput] = None) -> None:
         """Feeds a step's output back; proposes drafts for the next step."""
@@ -363,7 +369,7 @@ __all__ = [
     "decisions",
     "make_request",
     "make_scheduler",
-    "manager_class",
+    "scheduler_class",
     "mla_spec",
     "next_token",
 ]

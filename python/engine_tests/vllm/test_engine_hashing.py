@@ -1,6 +1,6 @@
 """Engine-compatible block hashes, checked against vLLM 0.33 itself.
 
-Runs in the vLLM venv (``scripts/engine-tests.sh vllm -k engine_hashing``).
+Runs in the vLLM venv (``scripts/engine-tests.sh vllm-0.34 -k engine_hashing``).
 For random prompts with LoRA, cache salt and multimodal inputs, the hashes
 ``BlockManager.block_hashes`` returns, and those its ``BlockStored`` events
 carry, equal vLLM's ``hash_block_tokens`` chain (its ``NONE_HASH`` from

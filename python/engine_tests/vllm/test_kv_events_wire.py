@@ -1,6 +1,6 @@
 """mla_cache.EventPublisher on the wire, read the way a vLLM router reads it.
 
-Runs in the vLLM venv (``scripts/engine-tests.sh vllm -k kv_events_wire``):
+Runs in the vLLM venv (``scripts/engine-tests.sh vllm-0.34 -k kv_events_wire``):
 a pyzmq subscriber decodes every message with vLLM's own
 ``vllm.distributed.kv_events.KVEventBatch`` (msgspec) and with the small
 msgpack decoder below, written from the msgpack spec alone.

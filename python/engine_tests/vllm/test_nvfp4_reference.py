@@ -1,6 +1,6 @@
 """nvfp4_ds_mla against vLLM 0.33's own NVFP4 code, where that code runs on CPU.
 
-Runs in the vLLM venv (``scripts/engine-tests.sh vllm -k nvfp4``).
+Runs in the vLLM venv (``scripts/engine-tests.sh vllm-0.34 -k nvfp4``).
 
 vLLM writes this cache only on Blackwell GPUs: its CUDA op
 ``concat_and_cache_nvfp4_ds_mla`` and the Triton writer of DeepSeek-V3.2's fused

@@ -11,6 +11,7 @@ import pytest
 import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request
 
 import mla_cache.vllm as ours
 from mla_cache import CacheConfig
@@ -530,3 +531,92 @@ def test_a_held_request_waiting_again_gets_the_watermark_and_the_whole_sequence_
     assert outcomes[0] == outcomes[1]
     row = outcomes[0][0]
     assert None in row and ([],) in row, f"the checks did not both pass and refuse: {row}"
+
+
+HIT_LIMITS = hasattr(Request, "get_max_cache_hit_length")
+"""Whether this vLLM (0.34) bounds hits per request (``prefix_cache_hit_limit``)."""
+only_with_hit_limits = pytest.mark.skipif(not HIT_LIMITS, reason="vLLM 0.34's per-request hit limits")
+
+
+def test_same_schedule_when_a_request_sets_skip_reading_prefix_cache():
+    """A request whose sampling params skip the prefix cache gets no hit and
+    is not counted in the stats; the next one hits."""
+    prompt = list(range(3, 3 + 4 * BS))
+
+    def scenario(d: Driver):
+        d.run({0: [make_request("a", prompt, max_tokens=3)]})
+        d.run({0: [make_request("b", prompt + [7], max_tokens=3, sampling={"skip_reading_prefix_cache": True})]})
+        d.run({0: [make_request("c", prompt + [7], max_tokens=3)]})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a)), scenario)
+    assert_same(stock, adapter)
+    hits = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}
+    assert hits == {"a": 0, "b": 0, "c": 4 * BS}
+
+
+@only_with_hit_limits
+def test_same_capped_hits_for_requests_that_score_their_prompt():
+    """vLLM 0.34 lets a prompt-logprob request that allows cache reads read up
+    to its first scored token (``prompt_logprob_start``) and no further; by
+    default it reads nothing. Hits, schedule and stats match vLLM's own manager."""
+    prompt = list(range(3, 3 + 6 * BS))
+    start = 2 * BS + 5
+
+    def scenario(d: Driver):
+        d.run({0: [make_request("a", prompt, max_tokens=3)]})
+        d.run({0: [make_request("b", prompt + [9], max_tokens=3, prompt_logprobs=1,
+                                sampling={"prompt_logprob_start": start, "skip_reading_prefix_cache": False})]})
+        d.run({0: [make_request("c", prompt + [9], max_tokens=3, prompt_logprobs=1)]})
+        d.run({0: [make_request("d", prompt + [9], max_tokens=3)]})
+
+    stock, adapter = both(lambda a: Driver(make_scheduler(a)), scenario)
+    assert_same(stock, adapter)
+    hits = {r: h for rec in adapter.records for r, h in rec.new_hits.items()}
+    assert hits == {"a": 0, "b": 2 * BS, "c": 0, "d": 6 * BS}
+
+
+@only_with_hit_limits
+def test_the_cached_token_probe_matches_vllms_and_changes_nothing():
+    """``get_num_cached_tokens`` (vLLM 0.34's probe for cache-aware admission)
+    answers as vLLM's manager does, for plain, capped (not applied by the
+    probe) and skipping requests, and takes no block, reference or event."""
+    prompt = list(range(3, 3 + 5 * BS))
+    probes = [
+        make_request("p1", prompt + [1], max_tokens=2),
+        make_request("p2", prompt[: 3 * BS], max_tokens=2),
+        make_request("p3", prompt[:BS] + [5] * BS, max_tokens=2),
+        make_request("p4", prompt + [1], max_tokens=2, prompt_logprobs=1,
+                     sampling={"prompt_logprob_start": BS + 1, "skip_reading_prefix_cache": False}),
+        make_request("p5", prompt + [1], max_tokens=2, sampling={"skip_reading_prefix_cache": True}),
+    ]
+    answers = []
+    for adapter in (False, True):
+        d = Driver(make_scheduler(adapter))
+        d.run({0: [make_request("a", prompt, max_tokens=3)]})
+        km = d.scheduler.kv_cache_manager
+        free = km.block_pool.get_num_free_blocks()
+        km.take_events()
+        answers.append([km.get_num_cached_tokens(r) for r in probes])
+        assert km.block_pool.get_num_free_blocks() == free
+        assert km.take_events() == []
+    assert answers[0] == answers[1] == [5 * BS, 2 * BS, BS, 5 * BS, 0]
+
+
+@only_with_hit_limits
+def test_same_cache_aware_admission():
+    """vLLM 0.34's cache-aware admission reorders the waiting queue's head by
+    cached prefix (asking the manager's probe): the same order, schedule and
+    stats with either manager, and the order did change."""
+    specs = shared_prefix_requests(30, seed=11, max_tokens=(4, 30))
+
+    def build(adapter):
+        return Driver(make_scheduler(adapter, num_blocks=200, max_num_seqs=3,
+                                     cache_aware_admission_window=8,
+                                     cache_aware_admission_threshold=0.0))
+
+    stock, adapter = both(build, lambda d: d.run(arrivals(specs)))
+    assert_same(stock, adapter)
+    admitted = [r for rec in adapter.records for r in rec.new_hits]
+    arrived = [rid for _, rid, _, _ in specs]
+    assert sorted(admitted, key=arrived.index) == [r for r in arrived if r in admitted]
+    assert admitted != [r for r in arrived if r in admitted]
