@@ -106,13 +106,15 @@ def make_scheduler(
     kv_cache_spec=None,
     enable_chunked_prefill: bool = True,
     connector_storage: Optional[str] = None,
+    async_loads: bool = False,
     watermark: float = 0.0,
     **scheduler_extra: Any,
 ) -> Scheduler:
     """vLLM's scheduler (``AsyncScheduler`` with ``async_scheduling``) with
     the stock manager or the adapter; with ``connector_storage``, vLLM's
     bundled ``ExampleConnector`` (a KV consumer and producer) over that
-    folder; ``watermark``: the fraction of blocks kept free when admitting
+    folder, its loads asynchronous with ``async_loads``
+    (``async_connector.AsyncLoadConnector``); ``watermark``: the fraction of blocks kept free when admitting
     waiting or preempted requests; ``scheduler_extra``: more
     ``SchedulerConfig`` fields (those of one vLLM version)."""
     model_config = ModelConfig(
@@ -147,7 +149,8 @@ def make_scheduler(
     kv_transfer_config = None
     if connector_storage is not None:
         kv_transfer_config = KVTransferConfig(
-            kv_connector="ExampleConnector",
+            kv_connector="AsyncLoadConnector" if async_loads else "ExampleConnector",
+            kv_connector_module_path="async_connector" if async_loads else None,
             kv_role="kv_both",
             kv_connector_extra_config={"shared_storage_path": connector_storage},
             kv_load_failure_policy="recompute",

@@ -620,3 +620,52 @@ def test_same_cache_aware_admission():
     arrived = [rid for _, rid, _, _ in specs]
     assert sorted(admitted, key=arrived.index) == [r for r in arrived if r in admitted]
     assert admitted != [r for r in arrived if r in admitted]
+
+
+@pytest.mark.parametrize("inflight", [None, 1])
+def test_same_schedule_with_asynchronous_kv_loads(tmp_path, inflight):
+    """External hits loaded asynchronously: each such request waits for its
+    load (reported received one step later), then its blocks are cached and
+    it runs, beside local prefix hits; on vLLM 0.34 also with at most
+    ``inflight`` loads at once (``max_num_inflight_kv_loads``)."""
+    if inflight is not None and not HIT_LIMITS:
+        pytest.skip("vLLM 0.34's max_num_inflight_kv_loads")
+    rng = random.Random(3)
+    stored = [[rng.randrange(3, 1000) for _ in range(k * BS)] for k in (3, 5, 2)]
+    specs = []
+    for i in range(12):
+        base = stored[i % 3] if i % 4 != 3 else stored[0][: 2 * BS]
+        specs.append((i // 3, f"q{i}", base + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 2 * BS))],
+                      rng.randint(2, 12)))
+
+    def scenario(d: Driver):
+        conn = d.scheduler.connector
+        for tokens in stored:
+            conn._generate_foldername_debug(torch.tensor(tokens), [], create_folder=True)
+        by_step = arrivals(specs)
+        waited = set()
+        for s in range(400):
+            for r in by_step.get(s, ()):
+                d.scheduler.add_request(r)
+            if s > max(by_step) and not d.scheduler.has_unfinished_requests():
+                break
+            out = d.schedule()
+            # Each load is reported received once, the step after it started.
+            loading = {r.request_id for r in d.scheduler.requests.values()
+                       if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS} - waited
+            waited |= loading
+            mo = d.model_output(out)
+            mo.kv_connector_output = KVConnectorOutput(finished_recving=loading)
+            d.update(out, mo)
+        else:
+            raise AssertionError("did not finish")
+        d.waited = waited
+
+    extra = {} if inflight is None else {"max_num_inflight_kv_loads": inflight}
+    stock, adapter = both(
+        lambda a: Driver(make_scheduler(a, num_blocks=120, async_loads=True,
+                                        connector_storage=str(tmp_path / f"{a}"), **extra)),
+        scenario,
+    )
+    assert_same(stock, adapter)
+    assert stock.waited and stock.waited == adapter.waited, "no asynchronous load happened"
