@@ -796,6 +796,36 @@ class TrackedRequest:
     def view(self) -> Any:
         """The ``KVCacheBlocks`` over ``blocks``, handed out by ``get_blocks``."""
 
+@final
+class KVCacheBlock:
+    """One block as vLLM's scheduler sees it (``mla_cache.vllm``'s pool keeps
+    one per block id; block 0 is vLLM's null block)."""
+
+    def __new__(cls, block_id: int, manager: Optional[BlockManager] = None) -> "KVCacheBlock": ...
+    @property
+    def block_id(self) -> int:
+        """The block's id."""
+    @property
+    def block_hash_num_tokens(self) -> Optional[int]:
+        """Tokens up to and including this block while it is a cached full
+        block of a request; ``None`` otherwise."""
+    @block_hash_num_tokens.setter
+    def block_hash_num_tokens(self, value: Optional[int]) -> None: ...
+    @property
+    def digest(self) -> Optional[bytes]:
+        """vLLM's digest of the block while it is cached."""
+    @digest.setter
+    def digest(self, value: Optional[bytes]) -> None: ...
+    @property
+    def is_null(self) -> bool:
+        """Whether this is vLLM's null block (id 0)."""
+    @property
+    def block_hash(self) -> Optional[bytes]:
+        """vLLM's ``BlockHashWithGroupId`` of a cached block (digest and group 0)."""
+    @property
+    def ref_cnt(self) -> int:
+        """Requests holding the block, deferred frees included (0 for the null block)."""
+
 @disjoint_base
 class VllmManagerBase:
     """The hot path of ``mla_cache.vllm.KVCacheManager`` (its base class; use

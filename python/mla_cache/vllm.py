@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ._native import BlockManager, CacheConfig, ExtraKeys, VllmManagerBase
+from ._native import BlockManager, CacheConfig, ExtraKeys, KVCacheBlock, VllmManagerBase
 from . import kv_events
 
 __all__ = [
@@ -78,51 +78,6 @@ _MLA_SPECS = ("MLAAttentionSpec", "FullAttentionSpec")
 
 class UnsupportedLayout(ValueError):
     """The KV cache config has a layout MLA does not have."""
-
-
-_GROUP_0 = (0).to_bytes(4, "big")
-"""vLLM's group id suffix of a ``BlockHashWithGroupId`` (the one group)."""
-
-
-class KVCacheBlock:
-    """One block as the scheduler sees it. The manager keeps one object per
-    block id; block 0 is vLLM's null block."""
-
-    __slots__ = ("block_id", "block_hash_num_tokens", "digest", "_manager")
-
-    def __init__(self, block_id: int, manager: Optional[BlockManager] = None) -> None:
-        self.block_id = block_id
-        """The block's id (its slots are ``block_id * block_size + offset``)."""
-        self.block_hash_num_tokens: Optional[int] = None
-        """Tokens up to and including this block when it holds a cached
-        (committed) full block of a request; ``None`` otherwise."""
-        self.digest: Optional[bytes] = None
-        """vLLM's digest of the block while ``block_hash_num_tokens`` is set."""
-        self._manager = manager
-
-    @property
-    def is_null(self) -> bool:
-        """Whether this is vLLM's null block (id 0)."""
-        return self.block_id == 0
-
-    @property
-    def block_hash(self) -> Optional[bytes]:
-        """vLLM's ``BlockHashWithGroupId`` of a cached full block (its digest
-        and group 0), ``None`` otherwise."""
-        if self.block_hash_num_tokens is None or self.digest is None:
-            return None
-        return self.digest + _GROUP_0
-
-    @property
-    def ref_cnt(self) -> int:
-        """Requests holding the block, as vLLM counts them (blocks a deferred
-        free has not returned yet included; 0 for the null block)."""
-        if self._manager is None or self.block_id == 0:
-            return 0
-        return self._manager.ref_count(self.block_id - 1)
-
-    def __repr__(self) -> str:
-        return f"KVCacheBlock(block_id={self.block_id})"
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import pytest
 
 import mla_cache
 from mla_cache.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from mla_cache.vllm import KVCacheBlocks, KVCacheManager
+from mla_cache.vllm import KVCacheBlock, KVCacheBlocks, KVCacheManager
 
 from conftest import small_config
 
@@ -708,6 +708,10 @@ def test_an_unbound_native_base_raises_instead_of_crashing():
                        use_eagle=False, log_stats=False, enable_kv_cache_events=False)
     with pytest.raises(ValueError, match="null block"):
         base._bind(manager, [None], None, KVCacheBlocks, dict, block_size=BS, max_model_len=64,
+                   num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
+                   log_stats=False, enable_kv_cache_events=False)
+    with pytest.raises(TypeError, match="KVCacheBlock objects, got NoneType"):
+        base._bind(manager, [None, None], None, KVCacheBlocks, dict, block_size=BS, max_model_len=64,
                    num_reprefillable_tokens=0, enable_caching=True, use_eagle=False,
                    log_stats=False, enable_kv_cache_events=False)
     with pytest.raises(RuntimeError, match="_bind"):

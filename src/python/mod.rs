@@ -23,6 +23,7 @@ mod store;
 mod tensors;
 mod tier;
 mod tier_outcomes;
+mod vllm_block;
 mod vllm_manager;
 
 use pyo3::prelude::*;
@@ -50,6 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
     m.add_class::<publisher::EventPublisher>()?;
+    m.add_class::<vllm_block::KvCacheBlock>()?;
     m.add_class::<vllm_manager::VllmManagerBase>()?;
     m.add_class::<vllm_manager::Tracked>()?;
     m.add("OutOfBlocks", py.get_type::<errors::OutOfBlocks>())?;

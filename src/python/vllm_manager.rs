@@ -9,7 +9,7 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::digests;
@@ -17,6 +17,7 @@ use super::errors;
 use super::extra_keys;
 use super::int_arrays::tokens;
 use super::manager::BlockManager;
+use super::vllm_block::KvCacheBlock;
 use crate::vllm_rules::{self, AdmissionCheck, StepCheck, VllmRules};
 use crate::{manager, AdmitOptions, BlockHash, BlockId, Error, RequestId, TokenId};
 
@@ -53,6 +54,11 @@ struct Commit<'py> {
     hashes: Vec<BlockHash>,
     digests: Bound<'py, PyList>,
     tokens: Option<Vec<TokenId>>,
+}
+
+/// A block object of the pool (``block_objs``), to update.
+fn block<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRefMut<'py, KvCacheBlock>> {
+    Ok(obj.cast::<KvCacheBlock>()?.try_borrow_mut()?)
 }
 
 /// What `_bind` sets: the manager, vLLM's objects and the adapter's settings.
@@ -180,9 +186,8 @@ impl State {
             .map_err(errors::to_py)?;
         let blocks = t.blocks.bind(py);
         for i in t.cached_blocks..commit.full {
-            let b = blocks.get_item(i)?;
-            b.setattr(intern!(py, "block_hash_num_tokens"), (i + 1) * bs)?;
-            b.setattr(intern!(py, "digest"), commit.digests.get_item(i)?)?;
+            let digest = commit.digests.get_item(i)?.cast_into::<PyBytes>()?.unbind();
+            block(&blocks.get_item(i)?)?.set_cached((i + 1) * bs, digest);
         }
         t.cached_blocks = commit.full;
         t.next_cache = self.rules.next_commit_at(commit.full);
@@ -210,7 +215,7 @@ impl State {
         let new = PyList::empty(py);
         for &b in ids {
             let obj = objs.get_item(vllm_rules::vllm_block_id(b))?;
-            obj.setattr(intern!(py, "block_hash_num_tokens"), py.None())?;
+            block(&obj)?.set_uncached();
             new.append(obj)?;
         }
         let t = tracked.try_borrow()?;
@@ -683,6 +688,16 @@ impl VllmManagerBase {
             return Err(PyValueError::new_err(
                 "block_objs must hold the null block and at least one more",
             ));
+        }
+        if let Some(bad) = block_objs
+            .bind(py)
+            .iter()
+            .find(|b| !b.is_instance_of::<KvCacheBlock>())
+        {
+            return Err(PyTypeError::new_err(format!(
+                "block_objs must be KVCacheBlock objects, got {}",
+                bad.get_type().name()?
+            )));
         }
         self.state = Some(State {
             manager,
