@@ -14,6 +14,8 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in
   ``bf16``, ``fp8_ds_mla``, ``mxfp6`` or ``nvfp4_ds_mla``: quantizing writes, decoding gathers,
   block copies, and zero-copy access (numpy views, DLPack, raw pointers).
+- :class:`ChunkTransfers`: the remote tier moving chunks of an engine's own
+  host buffer (behind the engines' offload plug-ins).
 - :class:`TieredCache`: a manager and its store with a host-memory tier
   and a remote Valkey/Redis tier below (``docs/tiers.md``).
 - Events (:class:`BlockStored`, :class:`BlockRemoved`,
@@ -60,6 +62,7 @@ from ._native import (
     BlockStored,
     CacheConfig,
     CacheEvent,
+    ChunkTransfers,
     EventPublisher,
     ExtraKeys,
     Insertion,
@@ -85,6 +88,7 @@ __all__ = [
     "BlockStored",
     "CacheConfig",
     "CacheEvent",
+    "ChunkTransfers",
     "EventPublisher",
     "ExtraKeys",
     "Insertion",

@@ -7,6 +7,7 @@ from ._native import (
     BlockStored as BlockStored,
     CacheConfig as CacheConfig,
     CacheEvent as CacheEvent,
+    ChunkTransfers as ChunkTransfers,
     ExtraKeys as ExtraKeys,
     Insertion as Insertion,
     LatentStore as LatentStore,

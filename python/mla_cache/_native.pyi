@@ -694,6 +694,52 @@ class TieredAdmission:
         """Where those tokens came from."""
 
 @final
+class ChunkTransfers:
+    """Loads and stores between mla_cache's remote tier (``remote``: a
+    Valkey/Redis URL or ``"cluster:url,url"``) and an engine's host buffer of
+    fixed-size chunks (``region``; chunk ``i`` is ``chunk_bytes`` at ``i *
+    chunk_stride``). A chunk is ``num_layers`` x ``tokens_per_chunk`` MLA
+    latents in ``dtype``; caches share chunks under the same ``namespace``.
+    ``probe`` waits at most ``lookup_budget_ms``; jobs are queued and
+    reported by ``take_finished``."""
+
+    def __new__(
+        cls,
+        remote: str,
+        region: Any,
+        *,
+        chunk_bytes: int,
+        dtype: str,
+        num_layers: int,
+        tokens_per_chunk: int,
+        namespace: str,
+        chunk_stride: Optional[int] = None,
+        lookup_budget_ms: float = 20.0,
+        queue_depth: int = 64,
+        name: str = "REMOTE",
+    ) -> "ChunkTransfers": ...
+    @property
+    def num_chunks(self) -> int:
+        """Chunks in the region."""
+    @property
+    def in_flight(self) -> int:
+        """Jobs queued or running."""
+    def probe(self, keys: Iterable[bytes]) -> Optional[list[bool]]:
+        """Whether each key is in the store; ``None`` past the budget or on a failure."""
+    def submit_load(self, job: int, keys: Iterable[bytes], chunks: Iterable[int]) -> None:
+        """Queues a load of ``keys[i]`` into chunk ``chunks[i]``."""
+    def submit_store(self, job: int, keys: Iterable[bytes], chunks: Iterable[int]) -> None:
+        """Queues a store of chunk ``chunks[i]`` as ``keys[i]``."""
+    def take_finished(self) -> list[tuple[int, bool, int, int, int, float]]:
+        """Finished jobs: ``(job, is_load, done, total, bytes, seconds)``."""
+    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+        """Waits until no job is queued or running; returns whether none is."""
+    def stats(self) -> dict[str, int]:
+        """The remote tier's counters."""
+    def close(self) -> None:
+        """Finishes the queued jobs, stops the worker and releases ``region``."""
+
+@final
 class TieredCache:
     """A block manager and its ``LatentStore`` (the device tier) with a host
     memory tier (``host_mem`` bytes) and a remote Valkey/Redis tier

@@ -2,6 +2,7 @@
 //! each class lives in its own file, and errors map to Python exceptions in
 //! one place ([`errors`]).
 
+mod chunk_transfers;
 mod config;
 mod digests;
 mod dlpack;
@@ -44,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<prefix_cache::PrefixCache>()?;
     m.add_class::<outcomes::Insertion>()?;
     m.add_class::<tier::TieredCache>()?;
+    m.add_class::<chunk_transfers::ChunkTransfers>()?;
     m.add_class::<tier_outcomes::TieredAdmission>()?;
     m.add_class::<tier_outcomes::TierHits>()?;
     m.add_class::<events::CacheEvent>()?;

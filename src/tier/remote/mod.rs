@@ -14,6 +14,7 @@
 //! error or a stalled admission. Blocks are content-addressed and immutable,
 //! so writes only add (`SET NX`) and a lost write is merely a later miss.
 
+mod chunks;
 mod sim;
 mod value;
 
@@ -22,6 +23,7 @@ mod redis;
 
 #[cfg(feature = "remote-redis")]
 pub use self::redis::{RedisOptions, RedisRemote};
+pub use chunks::{chunk_key, ChunkTransfers, Direction, Finished, HostRegion};
 pub use sim::SimRemote;
 pub use value::{BlockFormat, Rejected, HEADER_LEN};
 
@@ -130,12 +132,14 @@ enum Job {
         deadline: Instant,
         reply: Reply<Vec<Vec<u8>>>,
     },
-    /// Length of the leading run of hashes that are present.
+    /// Whether each hash is present.
     Exists {
         hashes: Vec<BlockHash>,
         deadline: Instant,
-        reply: Reply<usize>,
+        reply: Reply<Vec<bool>>,
     },
+    /// A load or store between the store and a host region of chunks.
+    Chunks(chunks::ChunkJob),
     Put {
         entries: Vec<(BlockHash, Vec<u8>)>,
     },
@@ -224,15 +228,22 @@ impl RemoteTier {
     /// Length of the leading run of `hashes` present in the store (their
     /// values are not checked); 0 after the budget or on any failure.
     pub fn probe(&self, hashes: &[BlockHash]) -> usize {
+        self.probe_each(hashes)
+            .map_or(0, |present| present.iter().take_while(|&&p| p).count())
+    }
+
+    /// Whether each of `hashes` is present in the store (values not
+    /// checked), in one batch; `None` after the lookup budget, on any
+    /// failure, or when the queue is full.
+    pub fn probe_each(&self, hashes: &[BlockHash]) -> Option<Vec<bool>> {
         if hashes.is_empty() {
-            return 0;
+            return Some(Vec::new());
         }
         self.ask(|deadline, reply| Job::Exists {
             hashes: hashes.to_vec(),
             deadline,
             reply,
         })
-        .unwrap_or(0)
     }
 
     /// Queues values (from [`BlockFormat::encode`]) for writing; drops them
@@ -369,6 +380,7 @@ impl Worker {
                         self.counters.errors.fetch_add(1, Relaxed);
                     }
                 }
+                Job::Chunks(job) => self.transfer(job),
                 Job::Flush { reply } => {
                     let _ = reply.send(());
                 }
@@ -404,10 +416,10 @@ impl Worker {
         Some(found)
     }
 
-    fn exists(&mut self, hashes: &[BlockHash]) -> Option<usize> {
+    fn exists(&mut self, hashes: &[BlockHash]) -> Option<Vec<bool>> {
         let keys: Vec<Vec<u8>> = hashes.iter().map(|&h| self.key(h)).collect();
         match self.backend.exists(&keys) {
-            Ok(present) => Some(present.iter().take_while(|&&p| p).count()),
+            Ok(present) => Some(present),
             Err(_) => {
                 self.counters.errors.fetch_add(1, Relaxed);
                 None

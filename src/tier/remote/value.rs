@@ -76,6 +76,35 @@ impl BlockFormat {
         }
     }
 
+    /// The format of an engine's chunk of `chunk_bytes`: `num_layers` layers
+    /// of `tokens` MLA latents of the DeepSeek geometry (512 + 64) in
+    /// `dtype`, no indexer keys.
+    /// Refuses a chunk of any other size, naming what was expected.
+    pub fn mla_chunk(
+        dtype: Dtype,
+        num_layers: u32,
+        tokens: u32,
+        chunk_bytes: usize,
+    ) -> crate::error::Result<Self> {
+        let deepseek = CacheConfig::new(0);
+        let bytes_per_token = dtype.bytes_per_token(deepseek.kv_lora_rank, deepseek.rope_dim)?;
+        let expected = num_layers as usize * tokens as usize * bytes_per_token;
+        if expected == 0 || chunk_bytes != expected {
+            return Err(crate::error::Error::InvalidConfig(format!(
+                "a chunk of {chunk_bytes} bytes is not {num_layers} layers x {tokens} tokens of \
+                 MLA latents in {dtype} ({bytes_per_token} bytes a token: {expected} bytes)"
+            )));
+        }
+        Ok(Self {
+            dtype,
+            num_layers,
+            block_size: tokens,
+            bytes_per_token: bytes_per_token as u32,
+            indexer_bytes_per_token: 0,
+            payload_len: chunk_bytes as u64,
+        })
+    }
+
     fn dtype_code(&self) -> u8 {
         Dtype::ALL
             .iter()

@@ -1,0 +1,264 @@
+//! `ChunkTransfers`: the remote tier moving chunks of an engine's host
+//! buffer (the Rust [`remote::ChunkTransfers`]), for the engines' own
+//! offload plug-ins.
+
+use std::sync::RwLock;
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::errors;
+use super::ints;
+use crate::tier::remote::{self, chunk_key, BlockFormat, Direction, HostRegion};
+use crate::tier::{redis_backend, RemoteOptions, RemoteTier};
+use crate::{BlockHash, Dtype};
+
+/// The transfers and the exported buffer their region points into; the
+/// buffer is released only after the transfers (and their worker) are gone.
+struct Open {
+    transfers: remote::ChunkTransfers,
+    _buffer: PyUntypedBuffer,
+}
+
+/// Loads and stores between mla_cache's remote tier (Valkey/Redis: ``remote``
+/// is ``"redis://host:port/"``, ``"rediss://..."``, or ``"cluster:url,..."``)
+/// and an engine's host buffer of fixed-size chunks (``region``: any
+/// writable C-contiguous buffer; chunk ``i`` is ``chunk_bytes`` at ``i *
+/// chunk_stride`` bytes, by default the buffer's first stride, or
+/// ``chunk_bytes`` for a flat buffer).
+///
+/// A chunk holds ``num_layers`` layers of ``tokens_per_chunk`` MLA latents
+/// in ``dtype`` (``"bf16"``, ``"fp8_ds_mla"``, ...): ``chunk_bytes`` is
+/// checked against them (``ValueError``). Keys
+/// are any bytes; only caches with the same ``namespace`` (name the model
+/// and weights) and geometry share chunks, and a chunk that fails its
+/// checksum is a miss.
+///
+/// Nothing waits on the server: ``probe`` waits at most
+/// ``lookup_budget_ms``; ``submit_load`` and ``submit_store`` queue a job
+/// (at most ``queue_depth`` queued: beyond it a job fails at once) and
+/// ``take_finished`` reports it. The engine must leave a job's chunks alone
+/// until it is reported, and keep ``region`` alive until ``close()``.
+#[pyclass(frozen, module = "mla_cache")]
+pub struct ChunkTransfers {
+    open: RwLock<Option<Open>>,
+}
+
+impl ChunkTransfers {
+    fn with<T>(&self, f: impl FnOnce(&remote::ChunkTransfers) -> PyResult<T>) -> PyResult<T> {
+        let open = self.open.read().unwrap_or_else(|e| e.into_inner());
+        match open.as_ref() {
+            Some(o) => f(&o.transfers),
+            None => Err(PyRuntimeError::new_err("the chunk transfers are closed")),
+        }
+    }
+}
+
+fn hashes(keys: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    keys.try_iter()?
+        .map(|k| Ok(chunk_key(k?.cast::<PyBytes>()?.as_bytes())))
+        .collect()
+}
+
+fn chunk_ids(chunks: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    chunks.try_iter()?.map(|c| ints::size(&c?)).collect()
+}
+
+#[pymethods]
+impl ChunkTransfers {
+    #[new]
+    #[pyo3(signature = (
+        remote, region, *, chunk_bytes, dtype, num_layers, tokens_per_chunk, namespace,
+        chunk_stride = None, lookup_budget_ms = 20.0, queue_depth = 64, name = "REMOTE"
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        remote: &str,
+        region: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = ints::size)] chunk_bytes: usize,
+        dtype: &str,
+        #[pyo3(from_py_with = ints::size)] num_layers: usize,
+        #[pyo3(from_py_with = ints::size)] tokens_per_chunk: usize,
+        namespace: &str,
+        #[pyo3(from_py_with = ints::opt_size)] chunk_stride: Option<usize>,
+        lookup_budget_ms: f64,
+        #[pyo3(from_py_with = ints::size)] queue_depth: usize,
+        name: &str,
+    ) -> PyResult<Self> {
+        let dtype: Dtype = dtype.parse().map_err(errors::to_py)?;
+        let (num_layers, tokens) =
+            match (u32::try_from(num_layers), u32::try_from(tokens_per_chunk)) {
+                (Ok(l), Ok(t)) => (l, t),
+                _ => {
+                    return Err(PyValueError::new_err(
+                        "num_layers and tokens_per_chunk must fit in 32 bits",
+                    ))
+                }
+            };
+        let lookup_budget =
+            Duration::try_from_secs_f64(lookup_budget_ms / 1000.0).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "lookup_budget_ms must be >= 0, got {lookup_budget_ms}"
+                ))
+            })?;
+        let buffer = PyUntypedBuffer::get(region)?;
+        if buffer.readonly() || !buffer.is_c_contiguous() {
+            return Err(PyValueError::new_err(
+                "region must be a writable C-contiguous buffer",
+            ));
+        }
+        let stride = match chunk_stride {
+            Some(s) => s,
+            None if buffer.dimensions() >= 2 => buffer.strides()[0] as usize,
+            None => chunk_bytes,
+        };
+        let format = BlockFormat::mla_chunk(dtype, num_layers, tokens, chunk_bytes)
+            .map_err(errors::to_py)?;
+        // SAFETY: `buffer` stays exported (so its memory stays put) until the
+        // transfers, whose worker is the only other user, are dropped first
+        // (`Open`'s field order, and `close`). The engine keeps a job's chunks
+        // alone until it is reported (documented above).
+        let host = unsafe {
+            HostRegion::new(
+                buffer.buf_ptr().cast(),
+                buffer.len_bytes(),
+                stride,
+                format.payload_len as usize,
+            )
+        }
+        .map_err(errors::to_py)?;
+        let options = RemoteOptions {
+            namespace: namespace.to_owned(),
+            lookup_budget,
+            queue_depth,
+            name: name.to_owned(),
+        };
+        let tier = RemoteTier::new(
+            redis_backend(remote).map_err(errors::to_py)?,
+            format,
+            options,
+        )
+        .map_err(errors::to_py)?;
+        let transfers = remote::ChunkTransfers::new(tier, host).map_err(errors::to_py)?;
+        Ok(Self {
+            open: RwLock::new(Some(Open {
+                transfers,
+                _buffer: buffer,
+            })),
+        })
+    }
+
+    /// Chunks in the region.
+    #[getter]
+    fn num_chunks(&self) -> PyResult<usize> {
+        self.with(|t| Ok(t.chunks()))
+    }
+
+    /// Jobs queued or running.
+    #[getter]
+    fn in_flight(&self) -> PyResult<usize> {
+        self.with(|t| Ok(t.in_flight()))
+    }
+
+    /// Whether each of ``keys`` (bytes) is in the store, in one round trip
+    /// within the lookup budget; ``None`` past it or on any failure.
+    fn probe(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<Option<Vec<bool>>> {
+        let keys = hashes(keys)?;
+        self.with(|t| Ok(py.detach(|| t.probe(&keys))))
+    }
+
+    /// Queues job ``job``: load ``keys[i]`` into chunk ``chunks[i]``
+    /// (integers, e.g. a numpy array). Raises ``ValueError`` (queuing
+    /// nothing) on mismatched lengths or a chunk outside the region.
+    fn submit_load(
+        &self,
+        job: u64,
+        keys: &Bound<'_, PyAny>,
+        chunks: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
+        self.with(|t| t.submit_load(job, keys, chunks).map_err(errors::to_py))
+    }
+
+    /// Queues job ``job``: store chunk ``chunks[i]`` as ``keys[i]``, skipping
+    /// the keys the store has. As ``submit_load``.
+    fn submit_store(
+        &self,
+        job: u64,
+        keys: &Bound<'_, PyAny>,
+        chunks: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
+        self.with(|t| t.submit_store(job, keys, chunks).map_err(errors::to_py))
+    }
+
+    /// The jobs finished since the last call, each a tuple ``(job, is_load,
+    /// done, total, bytes, seconds)``: a load's ``done`` leading chunks were
+    /// copied in (the rest untouched); a store succeeded if ``done ==
+    /// total``.
+    fn take_finished<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let finished = self.with(|t| Ok(t.take_finished()))?;
+        let items = finished
+            .into_iter()
+            .map(|f| {
+                (
+                    f.job,
+                    f.direction == Direction::Load,
+                    f.done,
+                    f.total,
+                    f.bytes,
+                    f.seconds,
+                )
+                    .into_pyobject(py)
+            })
+            .collect::<PyResult<Vec<Bound<'py, PyTuple>>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Waits up to ``timeout_s`` seconds until no job is queued or running;
+    /// returns whether none is (jobs are never cut short).
+    #[pyo3(signature = (timeout_s = 10.0))]
+    fn wait_idle(&self, py: Python<'_>, timeout_s: f64) -> PyResult<bool> {
+        let timeout = Duration::try_from_secs_f64(timeout_s).map_err(|_| {
+            PyValueError::new_err(format!("timeout_s must be >= 0, got {timeout_s}"))
+        })?;
+        self.with(|t| Ok(py.detach(|| t.wait_idle(timeout))))
+    }
+
+    /// The remote tier's counters as a dict: ``lookups``, ``hit_blocks``,
+    /// ``miss_blocks``, ``rejected``, ``timeouts``, ``errors``,
+    /// ``queue_full``, ``put_blocks``, ``put_bytes``, ``get_bytes``.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.with(|t| Ok(t.stats()))?;
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("lookups", s.lookups),
+            ("hit_blocks", s.hit_blocks),
+            ("miss_blocks", s.miss_blocks),
+            ("rejected", s.rejected),
+            ("timeouts", s.timeouts),
+            ("errors", s.errors),
+            ("queue_full", s.queue_full),
+            ("put_blocks", s.put_blocks),
+            ("put_bytes", s.put_bytes),
+            ("get_bytes", s.get_bytes),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Finishes the queued jobs (each bounded by the server timeouts), stops
+    /// the worker and releases ``region``. Idempotent; later calls raise
+    /// ``RuntimeError``, except ``close``.
+    fn close(&self, py: Python<'_>) {
+        let open = self.open.write().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(Open { transfers, _buffer }) = open {
+            py.detach(|| drop(transfers));
+            drop(_buffer);
+        }
+    }
+}
