@@ -5,7 +5,8 @@
 # emulation), the remote tier against real Valkey/Redis servers (a single node
 # and a 3-node cluster on 127.0.0.1, started here), the loom models, the C/C++
 # ABI tests under valgrind, the Python suite and the SGLang backend's conformance
-# tests inside SGLang. Installs what it needs into .venv, the engine into a cached
+# tests inside SGLang, and inside vLLM 0.33 and 0.34 the adapter's conformance tests and the
+# remote tier as vLLM's secondary offload tier (against the servers above). Installs what it needs into .venv, the engine into a cached
 # venv of its own (scripts/engine-venv.sh), and redis-server, valgrind from
 # Debian's packages when missing.
 # A GPU is not needed (scripts/gpu-check.sh runs the kernels on one).
@@ -71,8 +72,8 @@ scripts/c-tests.sh --release --features "$features" --asan
 stage "SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
 scripts/engine-tests.sh sglang
 
-stage "vLLM 0.33's real scheduler on mla_cache vs its own manager (engine venv, cached)"
+stage "vLLM 0.33: its real scheduler on mla_cache vs its own manager; the remote tier as its secondary offload tier"
 scripts/engine-tests.sh vllm-0.33
-stage "vLLM 0.34's real scheduler on mla_cache vs its own manager (engine venv, cached)"
+stage "vLLM 0.34: its real scheduler on mla_cache vs its own manager; the remote tier as its secondary offload tier"
 scripts/engine-tests.sh vllm-0.34
 stage "done"
