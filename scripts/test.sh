@@ -4,10 +4,11 @@
 # compiled with NVRTC from NVIDIA's wheels and checked bit for bit on a CPU
 # emulation), the remote tier against real Valkey/Redis servers (a single node
 # and a 3-node cluster on 127.0.0.1, started here), the loom models, the C/C++
-# ABI tests under valgrind, the Python suite and the SGLang backend's conformance
-# tests inside SGLang, and inside vLLM 0.33 and 0.34 the adapter's conformance tests and the
-# remote tier as vLLM's secondary offload tier (against the servers above). Installs what it needs into .venv, the engine into a cached
-# venv of its own (scripts/engine-venv.sh), and redis-server, valgrind from
+# ABI tests under valgrind, the Python suite, the SGLang backend's conformance
+# tests inside SGLang, and inside vLLM 0.33 and 0.34 the adapter's conformance
+# tests and the remote tier as vLLM's secondary offload tier (against the
+# servers above). Installs what it needs into .venv, the engines into cached
+# venvs of their own (scripts/engine-venv.sh), and redis-server, valgrind from
 # Debian's packages when missing.
 # A GPU is not needed (scripts/gpu-check.sh runs the kernels on one).
 set -euo pipefail

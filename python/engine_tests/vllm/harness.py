@@ -108,13 +108,15 @@ def make_scheduler(
     connector_storage: Optional[str] = None,
     async_loads: bool = False,
     watermark: float = 0.0,
+    kv_transfer_config: Optional[KVTransferConfig] = None,
     **scheduler_extra: Any,
 ) -> Scheduler:
     """vLLM's scheduler (``AsyncScheduler`` with ``async_scheduling``) with
     the stock manager or the adapter; with ``connector_storage``, vLLM's
     bundled ``ExampleConnector`` (a KV consumer and producer) over that
     folder, its loads asynchronous with ``async_loads``
-    (``async_connector.AsyncLoadConnector``); ``watermark``: the fraction of blocks kept free when admitting
+    (``async_connector.AsyncLoadConnector``), or any ``kv_transfer_config``;
+    ``watermark``: the fraction of blocks kept free when admitting
     waiting or preempted requests; ``scheduler_extra``: more
     ``SchedulerConfig`` fields (those of one vLLM version)."""
     model_config = ModelConfig(
@@ -146,7 +148,6 @@ def make_scheduler(
         speculative_config = SpeculativeConfig(
             model="ngram", num_speculative_tokens=num_speculative_tokens
         )
-    kv_transfer_config = None
     if connector_storage is not None:
         kv_transfer_config = KVTransferConfig(
             kv_connector="AsyncLoadConnector" if async_loads else "ExampleConnector",
