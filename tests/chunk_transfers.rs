@@ -1,15 +1,15 @@
 //! The remote tier moving chunks of an engine's host region (the calls
 //! behind the vLLM secondary tier and the SGLang storage backend): round
 //! trips between two regions, partial and refused loads, a full queue, a
-//! failing backend, and refused arguments.
+//! failing backend, and refused arguments; queued (polled) and waited jobs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mla_cache::tier::remote::{
-    chunk_key, BlockFormat, ChunkTransfers, Direction, Finished, HostRegion, RemoteBackend,
-    RemoteError, SimRemote,
+    chunk_key, BlockFormat, ChunkTransfers, Direction, Encoding, Finished, HostRegion,
+    RemoteBackend, RemoteError, SimRemote,
 };
 use mla_cache::tier::{RemoteOptions, RemoteTier};
 use mla_cache::{BlockHash, Dtype};
@@ -22,7 +22,7 @@ const CHUNKS: usize = 8;
 
 fn format() -> BlockFormat {
     BlockFormat {
-        dtype: Dtype::Bf16,
+        encoding: Encoding::Stored(Dtype::Bf16),
         num_layers: LAYERS,
         block_size: TOKENS,
         bytes_per_token: 1152,
@@ -322,11 +322,76 @@ fn bad_arguments_are_refused_and_queue_nothing() {
 
 #[test]
 fn an_engine_chunk_must_be_whole_mla_latents() {
-    let f = BlockFormat::mla_chunk(Dtype::Bf16, LAYERS, TOKENS, CHUNK).unwrap();
+    let f = BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), LAYERS, TOKENS, CHUNK).unwrap();
     assert_eq!(f, format());
-    let fp8 = BlockFormat::mla_chunk(Dtype::Fp8DsMla, 61, 64, 61 * 64 * 656).unwrap();
+    let fp8 =
+        BlockFormat::mla_chunk(Encoding::Stored(Dtype::Fp8DsMla), 61, 64, 61 * 64 * 656).unwrap();
     assert_eq!(fp8.bytes_per_token, 656);
-    let err = BlockFormat::mla_chunk(Dtype::Bf16, LAYERS, TOKENS, CHUNK + 2).unwrap_err();
+    let err = BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), LAYERS, TOKENS, CHUNK + 2)
+        .unwrap_err();
     assert!(err.to_string().contains("1152 bytes a token"), "{err}");
-    assert!(BlockFormat::mla_chunk(Dtype::Bf16, 0, TOKENS, 0).is_err());
+    assert!(BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), 0, TOKENS, 0).is_err());
+}
+
+#[test]
+fn a_waited_job_reports_itself_only_and_leaves_queued_jobs_to_the_poller() {
+    let shared = SimRemote::new(100);
+    let mut a = host(Box::new(shared.clone()), options("m"));
+    let b = host(Box::new(shared.clone()), options("m"));
+    a.fill(0, 3);
+    a.fill(1, 4);
+    a.transfers.submit_store(5, keys(&["q"]), vec![1]).unwrap();
+    let stored = a.transfers.store(keys(&["w"]), vec![0]).unwrap();
+    assert_eq!(
+        (stored.direction, stored.done, stored.total),
+        (Direction::Store, 1, 1)
+    );
+    // The queued job is reported to the poller, never to the waiting call.
+    let polled = a.finish();
+    assert_eq!(polled.len(), 1);
+    assert_eq!((polled[0].job, polled[0].done), (5, 1));
+
+    let loaded = b
+        .transfers
+        .load(keys(&["w", "q", "absent", "q"]), vec![4, 5, 6, 7])
+        .unwrap();
+    assert_eq!(
+        (loaded.direction, loaded.done, loaded.total),
+        (Direction::Load, 2, 4)
+    );
+    assert_eq!(b.chunk(4), a.chunk(0));
+    assert_eq!(b.chunk(5), a.chunk(1));
+    assert!(b.chunk(6).iter().chain(b.chunk(7)).all(|&x| x == 0));
+    assert!(b.transfers.take_finished().is_empty());
+    assert_eq!(b.transfers.in_flight(), 0);
+    assert!(b.transfers.load(keys(&["w"]), vec![CHUNKS]).is_err());
+}
+
+#[test]
+fn a_waited_job_on_a_full_queue_or_a_failing_server_returns_with_nothing_done() {
+    let backend = Faulty::new();
+    let opts = RemoteOptions {
+        queue_depth: 1,
+        ..options("m")
+    };
+    let mut a = host(Box::new(backend.clone()), opts);
+    a.fill(0, 9);
+    backend.slow.store(true, Ordering::SeqCst);
+    // One job runs (blocked), one fills the queue: the waited job is refused.
+    a.transfers.submit_load(1, keys(&["x"]), vec![1]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    a.transfers.submit_load(2, keys(&["x"]), vec![2]).unwrap();
+    let started = std::time::Instant::now();
+    let refused = a.transfers.store(keys(&["x"]), vec![0]).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!((refused.done, refused.total), (0, 1));
+    backend.slow.store(false, Ordering::SeqCst);
+    assert_eq!(a.finish().len(), 2);
+    backend.down.store(true, Ordering::SeqCst);
+    assert_eq!(a.transfers.store(keys(&["x"]), vec![0]).unwrap().done, 0);
+    assert_eq!(a.transfers.load(keys(&["x"]), vec![1]).unwrap().done, 0);
+    backend.down.store(false, Ordering::SeqCst);
+    assert!(a.transfers.store(keys(&["x"]), vec![0]).unwrap().success());
+    assert_eq!(a.transfers.load(keys(&["x"]), vec![1]).unwrap().done, 1);
+    assert_eq!(a.chunk(1), a.chunk(0));
 }

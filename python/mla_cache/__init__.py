@@ -25,7 +25,11 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
   schedulers on :mod:`mla_cache.vllm`'s ``KVCacheManager``, selected with
   ``--scheduler-cls``; it imports vLLM) and
   :mod:`mla_cache.sglang` (a radix-cache backend SGLang 0.5.23 selects with
-  ``--radix-cache-backend mla_cache``; it imports SGLang), imported on their own.
+  ``--radix-cache-backend mla_cache``; it imports SGLang); the remote tier
+  under the engines' own host caches: :mod:`mla_cache.vllm_tier` (a vLLM
+  secondary offload tier) and :mod:`mla_cache.sglang_storage` (an SGLang
+  HiCache storage backend). Each is imported on its own.
+- :data:`EVICTION_POLICIES`: every eviction policy's name.
 
 Errors: :class:`OutOfBlocks` (a ``MemoryError``) when blocks run short,
 ``KeyError`` for unknown requests, ``ValueError``/``TypeError`` for bad input.
@@ -54,6 +58,7 @@ def _locate_nvrtc() -> None:
 _locate_nvrtc()
 
 from ._native import (
+    EVICTION_POLICIES,
     Admission,
     AllBlocksCleared,
     AppendOutcome,
@@ -80,6 +85,7 @@ from ._native import (
 )
 
 __all__ = [
+    "EVICTION_POLICIES",
     "Admission",
     "AllBlocksCleared",
     "AppendOutcome",

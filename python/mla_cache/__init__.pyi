@@ -1,4 +1,5 @@
 from ._native import (
+    EVICTION_POLICIES as EVICTION_POLICIES,
     Admission as Admission,
     AllBlocksCleared as AllBlocksCleared,
     AppendOutcome as AppendOutcome,

@@ -35,6 +35,9 @@ takes only device tensors and raw tuples)."""
 
 DtypeName = Literal["bf16", "fp8_ds_mla", "mxfp6", "nvfp4_ds_mla"]
 
+EVICTION_POLICIES: tuple[str, ...]
+"""Every eviction policy's name, in the registry's order (the default first)."""
+
 class OutOfBlocks(MemoryError):
     """Not enough free blocks right now; nothing was allocated. Free or finish
     requests and retry."""
@@ -699,9 +702,10 @@ class ChunkTransfers:
     Valkey/Redis URL or ``"cluster:url,url"``) and an engine's host buffer of
     fixed-size chunks (``region``; chunk ``i`` is ``chunk_bytes`` at ``i *
     chunk_stride``). A chunk is ``num_layers`` x ``tokens_per_chunk`` MLA
-    latents in ``dtype``; caches share chunks under the same ``namespace``.
-    ``probe`` waits at most ``lookup_budget_ms``; jobs are queued and
-    reported by ``take_finished``."""
+    latents in ``dtype`` (a storage format, or ``"fp8_e4m3"``); caches share
+    chunks under the same ``namespace``. ``probe`` waits at most
+    ``lookup_budget_ms``; jobs are queued and reported by ``take_finished``,
+    or run and waited for by ``load`` and ``store``."""
 
     def __new__(
         cls,
@@ -724,12 +728,22 @@ class ChunkTransfers:
     @property
     def in_flight(self) -> int:
         """Jobs queued or running."""
-    def probe(self, keys: Iterable[bytes]) -> Optional[list[bool]]:
+    def probe(self, keys: Iterable[Union[bytes, str]]) -> Optional[list[bool]]:
         """Whether each key is in the store; ``None`` past the budget or on a failure."""
-    def submit_load(self, job: int, keys: Iterable[bytes], chunks: Iterable[int]) -> None:
+    def submit_load(
+        self, job: int, keys: Iterable[Union[bytes, str]], chunks: Iterable[int]
+    ) -> None:
         """Queues a load of ``keys[i]`` into chunk ``chunks[i]``."""
-    def submit_store(self, job: int, keys: Iterable[bytes], chunks: Iterable[int]) -> None:
+    def submit_store(
+        self, job: int, keys: Iterable[Union[bytes, str]], chunks: Iterable[int]
+    ) -> None:
         """Queues a store of chunk ``chunks[i]`` as ``keys[i]``."""
+    def load(self, keys: Iterable[Union[bytes, str]], chunks: Iterable[int]) -> int:
+        """Loads ``keys[i]`` into chunk ``chunks[i]`` and waits; returns the
+        leading chunks loaded."""
+    def store(self, keys: Iterable[Union[bytes, str]], chunks: Iterable[int]) -> bool:
+        """Stores chunk ``chunks[i]`` as ``keys[i]`` and waits; returns whether
+        every chunk is in the store."""
     def take_finished(self) -> list[tuple[int, bool, int, int, int, float]]:
         """Finished jobs: ``(job, is_load, done, total, bytes, seconds)``."""
     def wait_idle(self, timeout_s: float = 10.0) -> bool:

@@ -59,15 +59,20 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
-from ._native import AllBlocksCleared, BlockRemoved, BlockStored, CacheConfig, PrefixCache
+from ._native import (
+    EVICTION_POLICIES,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    CacheConfig,
+    PrefixCache,
+)
 
 __all__ = ["BACKEND_NAME", "PrefixNode", "RadixCache", "register"]
 
 BACKEND_NAME = "mla_cache"
 """The name ``--radix-cache-backend`` takes."""
 
-EVICTION_POLICIES = ("lru", "arc", "residency", "adaptive", "return_time")
-"""``--radix-eviction-policy`` values this backend runs (mla_cache's policies)."""
 
 EVENT_HASH_SEED = 0
 """Seed of the block hash chain (fixed, so hashes agree across processes)."""
@@ -388,8 +393,10 @@ class RadixCache(BasePrefixCache):
         ids = np.asarray(block_ids, dtype=np.int64)
         if len(ids) == 0 or self.token_to_kv_pool_allocator is None:
             return
-        self.token_to_kv_pool_allocator.free(
-            self.path_device_indices(PrefixNode(tuple(ids.tolist())))
+        # Whole pages from slot 0 of each: the allocator's fixed-shape free
+        # (no dedup of the token slots), as SGLang's own radix cache frees.
+        self.token_to_kv_pool_allocator.free_segment(
+            self.path_device_indices(PrefixNode(tuple(ids.tolist()))), start_pos=0
         )
 
     def _event(self, event: Any) -> Any:
@@ -423,8 +430,13 @@ def _factory(ctx: Any) -> RadixCache:
 
 def register() -> None:
     """Registers the backend under :data:`BACKEND_NAME` in SGLang's
-    registry (``--radix-cache-backend mla_cache``). Idempotent; SGLang's
+    registry (``--radix-cache-backend mla_cache``) and mla_cache's eviction
+    policies as ``--radix-eviction-policy`` choices. Idempotent; SGLang's
     plug-in loader calls it through the ``sglang.srt.plugins`` entry point."""
+    from sglang.srt.arg_groups.choices import (
+        RADIX_EVICTION_POLICY_CHOICES,
+        add_radix_eviction_policy_choices,
+    )
     from sglang.srt.mem_cache.registry import (
         get_radix_cache_factory,
         register_radix_cache_backend,
@@ -432,3 +444,6 @@ def register() -> None:
 
     if get_radix_cache_factory(BACKEND_NAME) is None:
         register_radix_cache_backend(BACKEND_NAME, _factory)
+    add_radix_eviction_policy_choices(
+        [p for p in EVICTION_POLICIES if p not in RADIX_EVICTION_POLICY_CHOICES]
+    )

@@ -8,13 +8,13 @@ use std::time::Duration;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::errors;
 use super::ints;
-use crate::tier::remote::{self, chunk_key, BlockFormat, Direction, HostRegion};
+use crate::tier::remote::{self, chunk_key, BlockFormat, Direction, Encoding, HostRegion};
 use crate::tier::{redis_backend, RemoteOptions, RemoteTier};
-use crate::{BlockHash, Dtype};
+use crate::BlockHash;
 
 /// The transfers and the exported buffer their region points into; the
 /// buffer is released only after the transfers (and their worker) are gone.
@@ -31,17 +31,18 @@ struct Open {
 /// ``chunk_bytes`` for a flat buffer).
 ///
 /// A chunk holds ``num_layers`` layers of ``tokens_per_chunk`` MLA latents
-/// in ``dtype`` (``"bf16"``, ``"fp8_ds_mla"``, ...): ``chunk_bytes`` is
-/// checked against them (``ValueError``). Keys
-/// are any bytes; only caches with the same ``namespace`` (name the model
-/// and weights) and geometry share chunks, and a chunk that fails its
-/// checksum is a miss.
+/// in ``dtype`` (``"bf16"``, ``"fp8_ds_mla"``, ..., or ``"fp8_e4m3"``, an
+/// engine's plain fp8 latent): ``chunk_bytes`` is checked against them
+/// (``ValueError``). Keys are bytes or str; only caches with the same
+/// ``namespace`` (name the model and weights) and geometry share chunks,
+/// and a chunk that fails its checksum is a miss.
 ///
-/// Nothing waits on the server: ``probe`` waits at most
-/// ``lookup_budget_ms``; ``submit_load`` and ``submit_store`` queue a job
-/// (at most ``queue_depth`` queued: beyond it a job fails at once) and
-/// ``take_finished`` reports it. The engine must leave a job's chunks alone
-/// until it is reported, and keep ``region`` alive until ``close()``.
+/// ``probe`` waits at most ``lookup_budget_ms``. ``submit_load`` and
+/// ``submit_store`` queue a job (at most ``queue_depth`` queued: beyond it
+/// a job fails at once) and ``take_finished`` reports it; ``load`` and
+/// ``store`` run a job and wait for it, for an engine's own I/O threads.
+/// The engine must leave a job's chunks alone until it is reported, and
+/// keep ``region`` alive until ``close()``.
 #[pyclass(frozen, module = "mla_cache")]
 pub struct ChunkTransfers {
     open: RwLock<Option<Open>>,
@@ -57,9 +58,16 @@ impl ChunkTransfers {
     }
 }
 
+/// Keys as block hashes: bytes, or str (its UTF-8 bytes).
 fn hashes(keys: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     keys.try_iter()?
-        .map(|k| Ok(chunk_key(k?.cast::<PyBytes>()?.as_bytes())))
+        .map(|k| {
+            let k = k?;
+            match k.cast::<PyString>() {
+                Ok(s) => Ok(chunk_key(s.to_str()?.as_bytes())),
+                Err(_) => Ok(chunk_key(k.cast::<PyBytes>()?.as_bytes())),
+            }
+        })
         .collect()
 }
 
@@ -88,7 +96,7 @@ impl ChunkTransfers {
         #[pyo3(from_py_with = ints::size)] queue_depth: usize,
         name: &str,
     ) -> PyResult<Self> {
-        let dtype: Dtype = dtype.parse().map_err(errors::to_py)?;
+        let encoding: Encoding = dtype.parse().map_err(errors::to_py)?;
         let (num_layers, tokens) =
             match (u32::try_from(num_layers), u32::try_from(tokens_per_chunk)) {
                 (Ok(l), Ok(t)) => (l, t),
@@ -115,7 +123,7 @@ impl ChunkTransfers {
             None if buffer.dimensions() >= 2 => buffer.strides()[0] as usize,
             None => chunk_bytes,
         };
-        let format = BlockFormat::mla_chunk(dtype, num_layers, tokens, chunk_bytes)
+        let format = BlockFormat::mla_chunk(encoding, num_layers, tokens, chunk_bytes)
             .map_err(errors::to_py)?;
         // SAFETY: `buffer` stays exported (so its memory stays put) until the
         // transfers, whose worker is the only other user, are dropped first
@@ -193,6 +201,41 @@ impl ChunkTransfers {
     ) -> PyResult<()> {
         let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
         self.with(|t| t.submit_store(job, keys, chunks).map_err(errors::to_py))
+    }
+
+    /// Loads ``keys[i]`` into chunk ``chunks[i]`` and waits for it (bounded
+    /// by the server timeouts; the GIL is released); returns how many
+    /// leading chunks were loaded (the rest are untouched). A full queue
+    /// returns 0 at once. Raises as ``submit_load``.
+    fn load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        chunks: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
+        self.with(|t| {
+            py.detach(|| t.load(keys, chunks))
+                .map(|f| f.done)
+                .map_err(errors::to_py)
+        })
+    }
+
+    /// Stores chunk ``chunks[i]`` as ``keys[i]`` (skipping the keys the
+    /// store has) and waits for it, as ``load``; returns whether every chunk
+    /// is in the store.
+    fn store(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        chunks: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
+        self.with(|t| {
+            py.detach(|| t.store(keys, chunks))
+                .map(|f| f.success())
+                .map_err(errors::to_py)
+        })
     }
 
     /// The jobs finished since the last call, each a tuple ``(job, is_load,

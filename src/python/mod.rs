@@ -62,5 +62,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<errors::PinBudgetExceeded>(),
     )?;
     m.add("StorageError", py.get_type::<errors::StorageError>())?;
+    // The policy registry's names, for every Python surface that lists them.
+    let policies = crate::EvictionPolicyKind::ALL.map(|p| p.name());
+    m.add(
+        "EVICTION_POLICIES",
+        pyo3::types::PyTuple::new(py, policies)?,
+    )?;
     Ok(())
 }

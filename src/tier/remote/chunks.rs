@@ -10,8 +10,10 @@
 //!                                              absent chunks' values
 //! ```
 //!
-//! The engine never waits: a submission only queues (a full queue finishes
-//! the job at once as failed), and results are polled. A chunk is one value
+//! A submission only queues (a full queue finishes the job at once as
+//! failed), and results are polled; an engine that moves chunks on its own
+//! I/O threads (SGLang's HiCache) may instead run a job and wait for it
+//! (`load`, `store`), each job bounded by the backend's timeouts. A chunk is one value
 //! under the remote tier's header and checksum, so a load copies only values
 //! that name the key, the geometry and the format it expects, and stops at
 //! the first that does not: the leading `done` chunks of a job are loaded,
@@ -193,12 +195,52 @@ impl ChunkTransfers {
         self.submit(id, Direction::Store, keys, chunks)
     }
 
+    /// Loads `keys[i]` into chunk `chunks[i]` and waits for the job: the
+    /// leading `done` chunks are loaded, the rest untouched. For an engine's
+    /// I/O thread: the wait is bounded by the backend's timeouts, and a job
+    /// never outlives the call, so the chunks are the caller's again when
+    /// it returns. A full queue returns at once with nothing done.
+    pub fn load(&self, keys: Vec<BlockHash>, chunks: Vec<usize>) -> Result<Finished> {
+        self.run(Direction::Load, keys, chunks)
+    }
+
+    /// Stores chunk `chunks[i]` as `keys[i]` (skipping the keys the store
+    /// has) and waits for the job, as [`Self::load`].
+    pub fn store(&self, keys: Vec<BlockHash>, chunks: Vec<usize>) -> Result<Finished> {
+        self.run(Direction::Store, keys, chunks)
+    }
+
+    fn run(
+        &self,
+        direction: Direction,
+        keys: Vec<BlockHash>,
+        chunks: Vec<usize>,
+    ) -> Result<Finished> {
+        let (tx, rx) = mpsc::channel();
+        self.submit_to(0, direction, keys, chunks, tx)?;
+        // The worker reports every job it takes, and a refused one is reported
+        // at submission: a closed channel would mean the worker is gone.
+        rx.recv()
+            .map_err(|_| Error::Storage("the remote tier's worker stopped".into()))
+    }
+
     fn submit(
         &self,
         id: u64,
         direction: Direction,
         hashes: Vec<BlockHash>,
         chunks: Vec<usize>,
+    ) -> Result<()> {
+        self.submit_to(id, direction, hashes, chunks, self.finished_tx.clone())
+    }
+
+    fn submit_to(
+        &self,
+        id: u64,
+        direction: Direction,
+        hashes: Vec<BlockHash>,
+        chunks: Vec<usize>,
+        finished: Sender<Finished>,
     ) -> Result<()> {
         if hashes.len() != chunks.len() {
             return Err(Error::InvalidArgument(format!(
@@ -221,13 +263,13 @@ impl ChunkTransfers {
             hashes,
             chunks,
             region: Arc::clone(&self.region),
-            finished: self.finished_tx.clone(),
+            finished: finished.clone(),
             in_flight: Arc::clone(&self.in_flight),
         });
         if self.remote.jobs.try_send(job).is_err() {
             self.remote.counters.queue_full.fetch_add(1, Relaxed);
             self.in_flight.fetch_sub(1, SeqCst);
-            let _ = self.finished_tx.send(Finished {
+            let _ = finished.send(Finished {
                 job: id,
                 direction,
                 done: 0,

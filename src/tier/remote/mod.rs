@@ -25,7 +25,7 @@ mod redis;
 pub use self::redis::{RedisOptions, RedisRemote};
 pub use chunks::{chunk_key, ChunkTransfers, Direction, Finished, HostRegion};
 pub use sim::SimRemote;
-pub use value::{BlockFormat, Rejected, HEADER_LEN};
+pub use value::{BlockFormat, Encoding, Rejected, HEADER_LEN};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};

@@ -12,7 +12,8 @@
 //! offset size field
 //!      0    4 magic "MLAB"
 //!      4    2 version (2), little-endian like every field
-//!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6, 3 nvfp4_ds_mla)
+//!      6    1 format (0 bf16, 1 fp8_ds_mla, 2 mxfp6, 3 nvfp4_ds_mla,
+//!                    4 fp8_e4m3: an engine's 576 e4m3 values, scaled per tensor)
 //!      7    1 zero
 //!      8    4 layers
 //!     12    4 tokens per block
@@ -45,11 +46,66 @@ const HASH_AT: usize = GEOMETRY_LEN;
 const PAYLOAD_LEN_AT: usize = HASH_AT + 16;
 const CHECKSUM_AT: usize = PAYLOAD_LEN_AT + 8;
 
+/// How a value's latents are encoded: one of mla_cache's storage formats,
+/// or an engine's own format that mla_cache moves but never decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// One of mla_cache's formats.
+    Stored(Dtype),
+    /// 576 e4m3 values a token with one scale for the whole tensor, kept by
+    /// the engine (SGLang's and vLLM's plain `fp8` MLA cache): 576 bytes.
+    Fp8E4m3,
+}
+
+impl Encoding {
+    /// Header code: a [`Dtype`]'s position, then the engines' formats.
+    fn code(self) -> u8 {
+        match self {
+            Encoding::Stored(dtype) => {
+                Dtype::ALL.iter().position(|&d| d == dtype).expect("listed") as u8
+            }
+            Encoding::Fp8E4m3 => Dtype::ALL.len() as u8,
+        }
+    }
+
+    /// Latent bytes per token of the DeepSeek geometry (512 + 64).
+    fn deepseek_bytes_per_token(self) -> crate::error::Result<usize> {
+        let deepseek = CacheConfig::new(0);
+        match self {
+            Encoding::Stored(dtype) => {
+                dtype.bytes_per_token(deepseek.kv_lora_rank, deepseek.rope_dim)
+            }
+            Encoding::Fp8E4m3 => Ok(deepseek.kv_lora_rank + deepseek.rope_dim),
+        }
+    }
+}
+
+impl std::str::FromStr for Encoding {
+    type Err = crate::error::Error;
+
+    /// A [`Dtype`] name, or `fp8_e4m3`.
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        if s == "fp8_e4m3" {
+            return Ok(Encoding::Fp8E4m3);
+        }
+        s.parse().map(Encoding::Stored)
+    }
+}
+
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Encoding::Stored(dtype) => dtype.fmt(f),
+            Encoding::Fp8E4m3 => f.write_str("fp8_e4m3"),
+        }
+    }
+}
+
 /// What a remote value holds: the geometry of one block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockFormat {
-    /// Storage format.
-    pub dtype: Dtype,
+    /// How the latents are encoded.
+    pub encoding: Encoding,
     /// Layers per block.
     pub num_layers: u32,
     /// Tokens per block.
@@ -67,7 +123,7 @@ impl BlockFormat {
     /// The format of `config`'s blocks, with `payload_len` bytes each.
     pub fn new(config: &CacheConfig, payload_len: usize) -> Self {
         Self {
-            dtype: config.dtype,
+            encoding: Encoding::Stored(config.dtype),
             num_layers: config.num_layers as u32,
             block_size: config.block_size as u32,
             bytes_per_token: config.latent_bytes_per_token_per_layer() as u32,
@@ -78,38 +134,30 @@ impl BlockFormat {
 
     /// The format of an engine's chunk of `chunk_bytes`: `num_layers` layers
     /// of `tokens` MLA latents of the DeepSeek geometry (512 + 64) in
-    /// `dtype`, no indexer keys.
-    /// Refuses a chunk of any other size, naming what was expected.
+    /// `encoding`, no indexer keys. Refuses a chunk of any other size,
+    /// naming what was expected.
     pub fn mla_chunk(
-        dtype: Dtype,
+        encoding: Encoding,
         num_layers: u32,
         tokens: u32,
         chunk_bytes: usize,
     ) -> crate::error::Result<Self> {
-        let deepseek = CacheConfig::new(0);
-        let bytes_per_token = dtype.bytes_per_token(deepseek.kv_lora_rank, deepseek.rope_dim)?;
+        let bytes_per_token = encoding.deepseek_bytes_per_token()?;
         let expected = num_layers as usize * tokens as usize * bytes_per_token;
         if expected == 0 || chunk_bytes != expected {
             return Err(crate::error::Error::InvalidConfig(format!(
                 "a chunk of {chunk_bytes} bytes is not {num_layers} layers x {tokens} tokens of \
-                 MLA latents in {dtype} ({bytes_per_token} bytes a token: {expected} bytes)"
+                 MLA latents in {encoding} ({bytes_per_token} bytes a token: {expected} bytes)"
             )));
         }
         Ok(Self {
-            dtype,
+            encoding,
             num_layers,
             block_size: tokens,
             bytes_per_token: bytes_per_token as u32,
             indexer_bytes_per_token: 0,
             payload_len: chunk_bytes as u64,
         })
-    }
-
-    fn dtype_code(&self) -> u8 {
-        Dtype::ALL
-            .iter()
-            .position(|&d| d == self.dtype)
-            .expect("listed") as u8
     }
 
     /// Bytes of a whole value.
@@ -122,7 +170,7 @@ impl BlockFormat {
         let mut g = [0u8; GEOMETRY_LEN];
         g[..4].copy_from_slice(MAGIC);
         g[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        g[6] = self.dtype_code();
+        g[6] = self.encoding.code();
         g[8..12].copy_from_slice(&self.num_layers.to_le_bytes());
         g[12..16].copy_from_slice(&self.block_size.to_le_bytes());
         g[16..20].copy_from_slice(&self.bytes_per_token.to_le_bytes());
@@ -242,7 +290,7 @@ mod tests {
             assert!(f.check(h, &bad).is_err(), "flip at {at} accepted");
         }
         let other = BlockFormat {
-            dtype: Dtype::Fp8DsMla,
+            encoding: Encoding::Stored(Dtype::Fp8DsMla),
             ..f
         };
         assert_eq!(other.check(h, &value), Err(Rejected::OtherFormat));
@@ -254,5 +302,25 @@ mod tests {
         assert_ne!(f.key_prefix("a"), with_indexer.key_prefix("a"));
         assert_ne!(f.key_prefix("a"), f.key_prefix("b"));
         assert_ne!(f.key_prefix("a"), other.key_prefix("a"));
+    }
+
+    #[test]
+    fn an_engine_fp8_chunk_is_576_bytes_a_token_and_no_stored_format() {
+        let fp8 = BlockFormat::mla_chunk("fp8_e4m3".parse().unwrap(), 2, 16, 2 * 16 * 576).unwrap();
+        // The same bytes as a bf16 chunk of half the tokens, never read as one.
+        let bf16 =
+            BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), 2, 8, 2 * 16 * 576).unwrap();
+        assert_eq!(fp8.payload_len, bf16.payload_len);
+        let h = BlockHash(7);
+        let value = fp8.encode::<()>(h, |p| Ok(p.fill(3))).unwrap();
+        assert_eq!(fp8.check(h, &value), Ok(()));
+        assert_eq!(bf16.check(h, &value), Err(Rejected::OtherFormat));
+        assert_ne!(fp8.key_prefix("a"), bf16.key_prefix("a"));
+        let err = BlockFormat::mla_chunk(Encoding::Fp8E4m3, 2, 16, 2 * 16 * 656).unwrap_err();
+        assert!(
+            err.to_string().contains("fp8_e4m3 (576 bytes a token"),
+            "{err}"
+        );
+        assert!("fp8_e5m2".parse::<Encoding>().is_err());
     }
 }
