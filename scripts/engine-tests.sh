@@ -39,4 +39,6 @@ sglang)
     ;;
 esac
 export VLLM_TARGET_DEVICE=cpu
+# The engine's tools (SGLang builds its page hashing with ninja at first use).
+export PATH="$venv/bin:$PATH"
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "python/engine_tests/${engine%%-*}" "$@"

@@ -41,6 +41,9 @@ sglang)
     want="torch==2.14.1 torchvision==0.29.2 numpy psutil requests pydantic msgspec orjson packaging tqdm"
     want="$want pybase64 pillow starlette ipython aiohttp transformers dill apache-tvm-ffi"
     want="$want sentencepiece compressed-tensors gguf openai partial-json-parser $test_tools"
+    # HiCache's page hashes are a C++ extension SGLang builds at first use
+    # with torch's extension loader, which needs ninja (and g++, libcrypto).
+    want="$want ninja"
     nodeps="sglang==0.5.23"
     ;;
 *)

@@ -7,30 +7,17 @@ tier on a local directory on the same calls."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import redis_servers as rs
 import tier_driver as d
 
 HERE = Path(__file__).parent
-
-
-def servers() -> dict[str, str]:
-    single = os.environ.get("MLA_CACHE_REDIS_URL")
-    cluster = os.environ.get("MLA_CACHE_REDIS_CLUSTER")
-    if not single or not cluster:
-        if os.environ.get("MLA_CACHE_REQUIRE_REDIS"):
-            pytest.fail("MLA_CACHE_REDIS_URL/_CLUSTER are unset (start scripts/redis.sh)")
-        pytest.skip("no Valkey/Redis servers (start scripts/redis.sh)")
-    return {"single": single, "cluster": "cluster:" + cluster}
 
 
 def mla_tier(remote: str, namespace: str, **extra) -> dict:
@@ -64,7 +51,7 @@ def store_in_another_process(tiers: list[dict], dtype: str, seed: int, n: int) -
 
 @pytest.fixture
 def remotes():
-    return servers()
+    return rs.servers()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8_ds_mla"])
@@ -153,14 +140,6 @@ def test_stored_chunks_are_reported_with_their_medium_through_vllms_events(remot
     assert all(e.medium.name == "CPU" and not e.removed for e in remote)
 
 
-def _pid(port: str) -> int:
-    return int(Path(os.environ["MLA_CACHE_REDIS_DIR"], port, "redis.pid").read_text())
-
-
-def _port(url: str) -> str:
-    return url.rstrip("/").rsplit(":", 1)[1]
-
-
 def _timed_load(manager, req, chain, dtype="bfloat16"):
     """``d.load`` with the longest single manager call (the scheduler's
     view of a stall)."""
@@ -191,50 +170,28 @@ def _tier(manager):
 
 
 def test_a_server_that_never_answers_costs_misses_not_stalls(remotes):
-    # A listener that accepts connections and never replies.
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    accepted = []
-    stop = threading.Event()
-
-    def accept():
-        server.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept()[0])
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    url = f"redis://127.0.0.1:{server.getsockname()[1]}/"
-    m = d.make_manager([mla_tier(url, "silent", lookup_budget_ms=20)], engine())
-    try:
-        (hits, _), longest = _timed_load(m, "r", d.keys(5, 4))
-        assert hits == 0
-        assert longest < 0.5, f"a manager call took {longest:.3f} s"
-        d.store(m, "w", d.keys(5, 2), "bfloat16")  # the cascade fails; vLLM goes on
-        stats = _tier(m).stats()
-        assert stats["timeouts"] + stats["errors"] >= 1, stats
-        assert stats["hit_blocks"] == 0
-    finally:
-        m.shutdown()
-        stop.set()
-        thread.join()
-        server.close()
-        for c in accepted:
-            c.close()
+    with rs.SilentServer() as url:
+        m = d.make_manager([mla_tier(url, "silent", lookup_budget_ms=20)], engine())
+        try:
+            (hits, _), longest = _timed_load(m, "r", d.keys(5, 4))
+            assert hits == 0
+            assert longest < 0.5, f"a manager call took {longest:.3f} s"
+            d.store(m, "w", d.keys(5, 2), "bfloat16")  # the cascade fails; vLLM goes on
+            stats = _tier(m).stats()
+            assert stats["timeouts"] + stats["errors"] >= 1, stats
+            assert stats["hit_blocks"] == 0
+        finally:
+            m.shutdown()
 
 
 def test_a_killed_and_restarted_server_costs_misses_then_serves_again(remotes):
     url = remotes["single"]
-    port = _port(url)
+    port = rs.port(url)
     chain = d.keys(21, 3)
     namespace = f"ns-{uuid.uuid4().hex}"
     m = d.make_manager([mla_tier(url, namespace)], engine())
     try:
-        os.kill(_pid(port), signal.SIGKILL)
+        rs.kill(port)
         time.sleep(0.2)
         (hits, _), longest = _timed_load(m, "r1", chain)
         assert hits == 0 and longest < 0.5
@@ -242,9 +199,7 @@ def test_a_killed_and_restarted_server_costs_misses_then_serves_again(remotes):
         assert _tier(m).stats()["errors"] >= 1
     finally:
         m.shutdown()
-        conf = Path(os.environ["MLA_CACHE_REDIS_DIR"], port, "redis.conf")
-        subprocess.run(["redis-server", str(conf)], check=True)
-        _wait(lambda: subprocess.run(["redis-cli", "-p", port, "ping"], capture_output=True, text=True).stdout.strip() == "PONG")
+        rs.restart(port)
     # Restarted (empty): a store goes through again and another engine loads it.
     time.sleep(0.6)  # past the backend's reconnection pause
     writer = d.make_manager([mla_tier(url, namespace)], engine())
@@ -260,26 +215,11 @@ def test_a_killed_and_restarted_server_costs_misses_then_serves_again(remotes):
     assert hits == 3 and got == [d.payload(k, "bfloat16") for k in chain]
 
 
-def _wait(cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
-def _cluster_ok(ports):
-    for p in ports:
-        out = subprocess.run(["redis-cli", "-p", p, "cluster", "info"], capture_output=True, text=True).stdout
-        if "cluster_state:ok" not in out:
-            return False
-    return True
-
-
 def test_a_cluster_losing_a_primary_costs_misses_then_recovers(remotes):
     """A primary killed (no replica takes over: the cluster is down), then
     restarted: misses and counted errors, never a stall or an exception;
     afterwards the cluster serves again."""
-    ports = [_port(u) for u in os.environ["MLA_CACHE_REDIS_CLUSTER"].split(",")]
+    ports = rs.cluster_ports()
     namespace = f"ns-{uuid.uuid4().hex}"
     chain = d.keys(31, 6)
     writer = d.make_manager([mla_tier(remotes["cluster"], namespace)], engine())
@@ -288,11 +228,11 @@ def test_a_cluster_losing_a_primary_costs_misses_then_recovers(remotes):
     finally:
         writer.shutdown()
     victim = ports[1]
-    os.kill(_pid(victim), signal.SIGKILL)
+    rs.kill(victim)
     try:
         # Once the survivors see the primary gone, the cluster refuses requests
         # (full slot coverage is required, the servers' default).
-        _wait(lambda: not _cluster_ok([ports[0]]), timeout=30)
+        rs.wait(lambda: not rs.cluster_ok([ports[0]]), timeout=30)
         m = d.make_manager([mla_tier(remotes["cluster"], namespace)], engine())
         try:
             (hits, got), longest = _timed_load(m, "r", chain)
@@ -301,9 +241,8 @@ def test_a_cluster_losing_a_primary_costs_misses_then_recovers(remotes):
         finally:
             m.shutdown()
     finally:
-        conf = Path(os.environ["MLA_CACHE_REDIS_DIR"], victim, "redis.conf")
-        subprocess.run(["redis-server", str(conf)], check=True)
-        _wait(lambda: _cluster_ok(ports), timeout=60)
+        rs.restart(victim)
+        rs.wait(lambda: rs.cluster_ok(ports), timeout=60)
     time.sleep(0.6)
     writer = d.make_manager([mla_tier(remotes["cluster"], namespace)], engine())
     try:

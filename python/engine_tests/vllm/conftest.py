@@ -1,0 +1,6 @@
+"""Shared setup of the vLLM tests: the servers' helpers one folder up."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
