@@ -4,8 +4,9 @@
 # compiled with NVRTC from NVIDIA's wheels and checked bit for bit on a CPU
 # emulation), the remote tier against real Valkey/Redis servers (a single node
 # and a 3-node cluster on 127.0.0.1, started here), the loom models, the C/C++
-# ABI tests under valgrind, the Python suite, the SGLang backend's conformance
-# tests inside SGLang, and inside vLLM 0.33 and 0.34 the adapter's conformance
+# ABI tests under valgrind, the Python suite, inside SGLang the backend's
+# conformance tests and the remote tier as its HiCache storage backend, and
+# inside vLLM 0.33 and 0.34 the adapter's conformance
 # tests and the remote tier as vLLM's secondary offload tier (against the
 # servers above). Installs what it needs into .venv, the engines into cached
 # venvs of their own (scripts/engine-venv.sh), and redis-server, valgrind from
@@ -70,7 +71,7 @@ scripts/c-tests.sh --release --features "$features" --valgrind
 stage "C ABI tests under AddressSanitizer and UBSan"
 scripts/c-tests.sh --release --features "$features" --asan
 
-stage "SGLang backend inside the real SGLang 0.5.23 (conformance against its RadixCache)"
+stage "SGLang 0.5.23: the backend against its RadixCache; the remote tier as its HiCache storage backend"
 scripts/engine-tests.sh sglang
 
 stage "vLLM 0.33: its real scheduler on mla_cache vs its own manager; the remote tier as its secondary offload tier"

@@ -44,17 +44,19 @@ MODEL = "deepseek-ai/DeepSeek-V3"
 DTYPES = {"bf16": (torch.bfloat16, 576), "fp8": (torch.uint8, 576)}
 
 
-def make_host(dtype: str, pages: int = 64, layout: str = "page_first") -> MLATokenToKVPoolHost:
-    """SGLang's MLA host pool of ``pages`` pages (plus its reserved page)."""
+def make_host(dtype: str, pages: int = 64, layout: str = "page_first", *, page: int = PAGE,
+              layers: int = LAYERS) -> MLATokenToKVPoolHost:
+    """SGLang's MLA host pool of ``pages`` pages of ``page`` tokens (plus its
+    reserved page)."""
     torch_dtype, dim = DTYPES[dtype]
-    device_tokens = pages * PAGE // 2
-    buffers = tuple(torch.zeros(device_tokens + PAGE, 1, dim, dtype=torch_dtype) for _ in range(LAYERS))
+    device_tokens = pages * page // 2
+    buffers = tuple(torch.zeros(device_tokens + page, 1, dim, dtype=torch_dtype) for _ in range(layers))
     info = MLABufferInfo(
         buffers=buffers,
         data_ptrs=torch.tensor([b.data_ptr() for b in buffers]),
-        layer_indices=tuple(range(LAYERS)),
-        device_layer_num=LAYERS,
-        page_size=PAGE,
+        layer_indices=tuple(range(layers)),
+        device_layer_num=layers,
+        page_size=page,
         kv_lora_rank=512,
         qk_rope_head_dim=64,
         kv_cache_dim=dim,
@@ -65,14 +67,14 @@ def make_host(dtype: str, pages: int = 64, layout: str = "page_first") -> MLATok
         info,
         2.0,
         0,
-        PAGE,
+        page,
         layout,
         pin_memory=False,
         device="cpu",
         device_capacity_tokens=device_tokens,
         start_layer=0,
-        end_layer=LAYERS,
-        target_layer_num=LAYERS,
+        end_layer=layers,
+        target_layer_num=layers,
     )
 
 
@@ -114,7 +116,7 @@ class Controller:
 
     def __init__(self, backend_name: str, extra: dict, host: MLATokenToKVPoolHost, **config: Any) -> None:
         c = object.__new__(HiCacheController)
-        c.page_size = PAGE
+        c.page_size = host.page_size
         c.mem_pool_host = c.storage_host_pool = host
         c.storage_config = storage_config(extra, **config)
         c.storage_backend_type = backend_name
@@ -137,7 +139,7 @@ class Controller:
             self.backend.close()
 
     def page_hashes(self, tokens: list[int]) -> list[str]:
-        return get_storage_hash_str(tokens, None, page_size=PAGE)
+        return get_storage_hash_str(tokens, None, page_size=self.c.page_size)
 
     def backup(self, tokens: list[int], host_indices: torch.Tensor) -> int:
         """The write-back of a request's pages from the host pool (tokens
