@@ -395,3 +395,49 @@ fn a_waited_job_on_a_full_queue_or_a_failing_server_returns_with_nothing_done() 
     assert_eq!(a.transfers.load(keys(&["x"]), vec![1]).unwrap().done, 1);
     assert_eq!(a.chunk(1), a.chunk(0));
 }
+
+#[test]
+fn probes_on_their_own_connection_answer_while_a_transfer_blocks_the_other() {
+    let backend = Faulty::new();
+    let opts = RemoteOptions {
+        lookup_budget: Duration::from_millis(200),
+        ..options("m")
+    };
+    let mut memory = vec![0u8; CHUNKS * STRIDE].into_boxed_slice();
+    // SAFETY: as in `host`; `transfers` is dropped before `memory`.
+    let region =
+        unsafe { HostRegion::new(memory.as_mut_ptr(), memory.len(), STRIDE, CHUNK) }.unwrap();
+    let remote = RemoteTier::new(Box::new(backend.clone()), format(), opts.clone()).unwrap();
+    let lookups = RemoteTier::new(Box::new(backend.store.clone()), format(), opts.clone()).unwrap();
+    let transfers = ChunkTransfers::new(remote, region)
+        .unwrap()
+        .with_lookups(lookups)
+        .unwrap();
+    transfers.submit_store(1, keys(&["a"]), vec![0]).unwrap();
+    assert!(transfers.wait_idle(Duration::from_secs(10)));
+    backend.slow.store(true, Ordering::SeqCst);
+    transfers.submit_load(2, keys(&["a"]), vec![1]).unwrap();
+    // The transfer worker is blocked; the probe still answers.
+    assert_eq!(transfers.probe(&keys(&["a", "b"])), Some(vec![true, false]));
+    backend.slow.store(false, Ordering::SeqCst);
+    assert!(transfers.wait_idle(Duration::from_secs(10)));
+    let stats = transfers.stats();
+    assert_eq!((stats.lookups, stats.timeouts, stats.put_blocks), (1, 0, 1));
+    drop(transfers);
+    drop(memory);
+
+    let other = RemoteTier::new(Box::new(SimRemote::new(1)), format(), options("other")).unwrap();
+    let mut memory = vec![0u8; CHUNKS * STRIDE].into_boxed_slice();
+    // SAFETY: as above.
+    let region =
+        unsafe { HostRegion::new(memory.as_mut_ptr(), memory.len(), STRIDE, CHUNK) }.unwrap();
+    let remote = RemoteTier::new(Box::new(SimRemote::new(1)), format(), options("m")).unwrap();
+    let refused = ChunkTransfers::new(remote, region)
+        .unwrap()
+        .with_lookups(other);
+    assert!(
+        refused.is_err(),
+        "a lookup tier of another namespace is refused"
+    );
+    drop(memory);
+}

@@ -144,13 +144,12 @@ impl ChunkTransfers {
             queue_depth,
             name: name.to_owned(),
         };
-        let tier = RemoteTier::new(
-            redis_backend(remote).map_err(errors::to_py)?,
-            format,
-            options,
-        )
-        .map_err(errors::to_py)?;
-        let transfers = remote::ChunkTransfers::new(tier, host).map_err(errors::to_py)?;
+        // Probes go over a connection of their own, never behind a transfer.
+        let tier = |options| RemoteTier::new(redis_backend(remote)?, format, options);
+        let transfers = tier(options.clone())
+            .and_then(|t| remote::ChunkTransfers::new(t, host))
+            .and_then(|t| t.with_lookups(tier(options)?))
+            .map_err(errors::to_py)?;
         Ok(Self {
             open: RwLock::new(Some(Open {
                 transfers,

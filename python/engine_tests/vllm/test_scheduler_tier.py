@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tier_driver as d
 from harness import Driver, make_request, make_scheduler
-from test_remote_tier import fs_tier, mla_tier, servers
+from redis_servers import servers
+from test_remote_tier import fs_tier, mla_tier
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingWorkerMetadata,

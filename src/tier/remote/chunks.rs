@@ -139,6 +139,9 @@ pub(super) struct ChunkJob {
 #[derive(Debug)]
 pub struct ChunkTransfers {
     remote: RemoteTier,
+    /// The same store over a connection and worker of its own for probes,
+    /// so that a probe never waits behind a transfer (see `with_lookups`).
+    lookups: Option<RemoteTier>,
     region: Arc<HostRegion>,
     finished_tx: Sender<Finished>,
     finished_rx: Mutex<Receiver<Finished>>,
@@ -159,11 +162,28 @@ impl ChunkTransfers {
         let (finished_tx, finished_rx) = mpsc::channel();
         Ok(Self {
             remote,
+            lookups: None,
             region: Arc::new(region),
             finished_tx,
             finished_rx: Mutex::new(finished_rx),
             in_flight: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Sends the probes to `lookups`, the same store (same format and
+    /// namespace) over its own connection and worker: a probe then never
+    /// queues behind a transfer of many megabytes, and its budget is spent
+    /// on the round trip only.
+    pub fn with_lookups(mut self, lookups: RemoteTier) -> Result<Self> {
+        if lookups.format() != self.remote.format()
+            || lookups.options().namespace != self.remote.options().namespace
+        {
+            return Err(Error::InvalidConfig(
+                "the lookup tier must hold the transfers' format under their namespace".into(),
+            ));
+        }
+        self.lookups = Some(lookups);
+        Ok(self)
     }
 
     /// The remote tier.
@@ -179,7 +199,10 @@ impl ChunkTransfers {
     /// Whether each key is in the store, in one batch within the lookup
     /// budget; `None` past it, on a failure or a full queue (all misses).
     pub fn probe(&self, keys: &[BlockHash]) -> Option<Vec<bool>> {
-        self.remote.probe_each(keys)
+        self.lookups
+            .as_ref()
+            .unwrap_or(&self.remote)
+            .probe_each(keys)
     }
 
     /// Queues job `id`: load `keys[i]` into chunk `chunks[i]`. Never blocks;
@@ -306,9 +329,13 @@ impl ChunkTransfers {
         true
     }
 
-    /// A snapshot of the remote tier's counters.
+    /// A snapshot of the remote tier's counters (with its lookup tier's).
     pub fn stats(&self) -> RemoteStats {
-        self.remote.stats()
+        let mut stats = self.remote.stats();
+        if let Some(lookups) = &self.lookups {
+            stats += lookups.stats();
+        }
+        stats
     }
 }
 

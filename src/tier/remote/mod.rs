@@ -56,6 +56,13 @@ pub trait RemoteBackend: Send {
     fn put_if_absent(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), RemoteError>;
 }
 
+/// Value bytes one round trip to the backend carries at most (one value,
+/// however large, always goes). A server takes small values fastest in long
+/// pipelines, but multi-megabyte values (an MLA block of all layers) one or
+/// two at a time: on loopback, 2.2 MB `SET`s run at 1.6 GB/s two at a time
+/// and 0.8 GB/s four or more at a time.
+pub(crate) const ROUND_TRIP_BYTES: usize = 4 << 20;
+
 /// How a [`RemoteTier`] talks to its backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
@@ -107,6 +114,21 @@ pub struct RemoteStats {
     pub put_bytes: u64,
     /// Value bytes read and accepted.
     pub get_bytes: u64,
+}
+
+impl std::ops::AddAssign for RemoteStats {
+    fn add_assign(&mut self, o: Self) {
+        self.lookups += o.lookups;
+        self.hit_blocks += o.hit_blocks;
+        self.miss_blocks += o.miss_blocks;
+        self.rejected += o.rejected;
+        self.timeouts += o.timeouts;
+        self.errors += o.errors;
+        self.queue_full += o.queue_full;
+        self.put_blocks += o.put_blocks;
+        self.put_bytes += o.put_bytes;
+        self.get_bytes += o.get_bytes;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -392,23 +414,32 @@ impl Worker {
         format!("{}{:032x}", self.prefix, hash.0).into_bytes()
     }
 
+    /// The leading run of present, intact values, read in round trips of
+    /// about [`ROUND_TRIP_BYTES`] and no further than the first missing or
+    /// refused one; `None` if the first round trip fails.
     fn get(&mut self, hashes: &[BlockHash]) -> Option<Vec<Vec<u8>>> {
-        let keys: Vec<Vec<u8>> = hashes.iter().map(|&h| self.key(h)).collect();
-        let Ok(values) = self.backend.get(&keys) else {
-            self.counters.errors.fetch_add(1, Relaxed);
-            return None;
-        };
+        let per_trip = (ROUND_TRIP_BYTES / self.format.value_len()).max(1);
         let mut found = Vec::new();
-        for (&hash, value) in hashes.iter().zip(values) {
-            let Some(value) = value else { break };
-            if self.format.check(hash, &value).is_err() {
-                self.counters.rejected.fetch_add(1, Relaxed);
+        'trips: for trip in hashes.chunks(per_trip) {
+            let keys: Vec<Vec<u8>> = trip.iter().map(|&h| self.key(h)).collect();
+            let Ok(values) = self.backend.get(&keys) else {
+                self.counters.errors.fetch_add(1, Relaxed);
+                if found.is_empty() {
+                    return None;
+                }
                 break;
+            };
+            for (&hash, value) in trip.iter().zip(values) {
+                let Some(value) = value else { break 'trips };
+                if self.format.check(hash, &value).is_err() {
+                    self.counters.rejected.fetch_add(1, Relaxed);
+                    break 'trips;
+                }
+                self.counters
+                    .get_bytes
+                    .fetch_add(value.len() as u64, Relaxed);
+                found.push(value);
             }
-            self.counters
-                .get_bytes
-                .fetch_add(value.len() as u64, Relaxed);
-            found.push(value);
         }
         self.counters
             .hit_blocks

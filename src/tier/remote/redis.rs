@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterConnection};
 use redis::{Client, Connection, ConnectionLike, Pipeline, RedisResult, Value};
 
-use super::{RemoteBackend, RemoteError};
+use super::{RemoteBackend, RemoteError, ROUND_TRIP_BYTES};
 use crate::error::{Error, Result};
 
 /// Timeouts of a [`RedisRemote`].
@@ -187,6 +187,31 @@ impl RedisRemote {
     }
 }
 
+/// `entries` in runs of at most `limit` value bytes (at least one entry each).
+fn by_bytes(
+    entries: &[(Vec<u8>, Vec<u8>)],
+    limit: usize,
+) -> impl Iterator<Item = &[(Vec<u8>, Vec<u8>)]> {
+    let mut rest = entries;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let n = rest
+            .iter()
+            .position(|(_, v)| {
+                bytes += v.len();
+                bytes > limit
+            })
+            .unwrap_or(rest.len())
+            .max(1);
+        let (run, tail) = rest.split_at(n);
+        rest = tail;
+        Some(run)
+    })
+}
+
 /// The commands both pipeline kinds take.
 trait PipelineLike {
     fn add(&mut self, name: &str, args: &[&[u8]]);
@@ -228,12 +253,30 @@ impl RemoteBackend for RedisRemote {
     }
 
     fn put_if_absent(&mut self, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(), RemoteError> {
-        // `SET NX` answers OK or nil: both are fine.
-        self.pipelined::<Value>(|p| {
-            for (k, v) in entries {
-                p.add("SET", &[k, v, b"NX"]);
-            }
-        })
-        .map(drop)
+        for batch in by_bytes(entries, ROUND_TRIP_BYTES) {
+            // `SET NX` answers OK or nil: both are fine.
+            self.pipelined::<Value>(|p| {
+                for (k, v) in batch {
+                    p.add("SET", &[k, v, b"NX"]);
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_split_into_runs_of_bounded_bytes_each_with_at_least_one_value() {
+        let entry = |n: usize| (vec![0u8], vec![0u8; n]);
+        let entries: Vec<_> = [3, 3, 5, 1, 1, 1, 9].into_iter().map(entry).collect();
+        let runs: Vec<Vec<usize>> = by_bytes(&entries, 6)
+            .map(|run| run.iter().map(|(_, v)| v.len()).collect())
+            .collect();
+        assert_eq!(runs, [vec![3, 3], vec![5, 1], vec![1, 1], vec![9]]);
+        assert_eq!(by_bytes(&[], 6).count(), 0);
     }
 }
