@@ -12,7 +12,8 @@ Requests are the trace's first ``--requests`` lines, outputs capped at
 clock of ``--step-ms`` per step (as ``replay_vllm_scheduler.py``). A
 stand-in worker completes vLLM's offloading jobs at once (the copies
 between the GPU and vLLM's CPU tier are not made; the tier's own transfers
-between the CPU tier and the store move real bytes). One block is one MLA
+between the CPU tier and the store move real bytes), and the runs with the
+tier are held to the step clock in wall time. One block is one MLA
 layer of 64 bf16 latents (73,728 bytes), to keep the store's memory small.
 
 Run with the vLLM engine venv, servers of scripts/redis.sh running:
@@ -29,6 +30,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -76,7 +78,10 @@ def worker_output(driver: harness.Driver, out) -> Any:
     return output
 
 
-def replay(trace, args, transfer: Optional[KVTransferConfig]) -> dict[str, Any]:
+def replay(trace, args, transfer: Optional[KVTransferConfig], paced: bool = False) -> dict[str, Any]:
+    """One replay; ``paced`` holds each step to ``--step-ms`` of wall time at
+    least, so the tier's transfers run against the trace's own clock (an
+    unpaced replay runs many steps in the time of one)."""
     s = harness.make_scheduler(
         False,
         num_blocks=args.blocks,
@@ -98,7 +103,10 @@ def replay(trace, args, transfer: Optional[KVTransferConfig]) -> dict[str, Any]:
     hits: dict[str, int] = {}
     prompt_tokens = sum(len(req.prompt_token_ids) for _, req in arrivals)
     nxt = step = 0
+    start = time.monotonic()
     while nxt < len(arrivals) or s.has_unfinished_requests() or s.finished_req_ids:
+        if paced:
+            time.sleep(max(0.0, start + step * args.step_ms / 1e3 - time.monotonic()))
         while nxt < len(arrivals) and arrivals[nxt][0] <= step:
             s.add_request(arrivals[nxt][1])
             nxt += 1
@@ -169,7 +177,7 @@ def main() -> None:
     }
     results = {}
     for name, transfer in runs.items():
-        results[name] = replay(trace, args, transfer)
+        results[name] = replay(trace, args, transfer, paced="mla_cache" in name or "second" in name)
         print(f"  {name}: {results[name]}", file=sys.stderr, flush=True)
     predicted = {}
     if args.compare:
