@@ -71,6 +71,17 @@ scripts/c-tests.sh --release --features "$features" --valgrind
 stage "C ABI tests under AddressSanitizer and UBSan"
 scripts/c-tests.sh --release --features "$features" --asan
 
+stage "GPU check bundle: built here; complete, finds libnvrtc, stops at once without a GPU"
+scripts/gpu-bundle.sh target/gpu-bundle
+rc=0
+target/gpu-bundle/run.sh target/gpu-bundle-out >target/gpu-bundle-out.log 2>&1 || rc=$?
+cat target/gpu-bundle-out.log
+if [ "$rc" -ne 3 ] || ! grep -q "^no GPU" target/gpu-bundle-out.log ||
+    ! grep -q "^libnvrtc: /" target/gpu-bundle-out.log; then
+    echo "the GPU bundle's run.sh should find libnvrtc, then stop with 'no GPU' (exit 3); exit $rc" >&2
+    exit 1
+fi
+
 stage "SGLang 0.5.23: the backend against its RadixCache; the remote tier as its HiCache storage backend"
 scripts/engine-tests.sh sglang
 
