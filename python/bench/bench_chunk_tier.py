@@ -4,7 +4,8 @@ on the same pages and the server's own loopback throughput for values of
 the same size (``redis-benchmark``).
 
 The pages are SGLang 0.5.23's MLA host pool pages (page-first, 64 tokens x
-61 layers, fp8: 2.25 MiB), moved through SGLang's storage calls
+61 layers; ``--dtype fp8_ds_mla``, the default: 2.56 MB, ``fp8``: 2.25 MB),
+moved through SGLang's storage calls
 (``batch_set_v1``/``batch_get_v1`` for mla_cache, the copying ``set``/``get``
 for HiCacheFile) in batches of ``--batch`` pages; lookups are
 ``batch_exists`` over 128 pages (SGLang's batch), half of them present.
@@ -105,9 +106,10 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=sorted(d.DTYPES), default="fp8_ds_mla")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    host = lambda: d.make_host("fp8", pages=args.pages, page=PAGE_TOKENS, layers=LAYERS)  # noqa: E731
+    host = lambda: d.make_host(args.dtype, pages=args.pages, page=PAGE_TOKENS, layers=LAYERS)  # noqa: E731
     results = {}
     ctrl = d.Controller("dynamic", d.mla_settings(args.remote, f"bench-{uuid.uuid4().hex}"), host())
     try:
@@ -126,7 +128,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    print(f"pages of {page_bytes / 2**20:.2f} MiB ({PAGE_TOKENS} tokens x {LAYERS} layers fp8), "
+    print(f"pages of {page_bytes / 1e6:.2f} MB ({PAGE_TOKENS} tokens x {LAYERS} layers {args.dtype}), "
           f"batches of {args.batch}, {args.pages * args.rounds} pages each way")
     print(f"{'':16} {'store GB/s':>10} {'load GB/s':>10} {'lookup p50/p99 ms (128 keys)':>30}")
     for name, m in results.items():

@@ -40,8 +40,9 @@ PAGE = 16
 LAYERS = 3
 MODEL = "deepseek-ai/DeepSeek-V3"
 
-# Host pool rows (dtype, elements a token) as SGLang's MLA pools keep them.
-DTYPES = {"bf16": (torch.bfloat16, 576), "fp8": (torch.uint8, 576)}
+# Host pool rows (dtype, elements a token) as SGLang's MLA pools keep them
+# (fp8_ds_mla: DeepSeek-V3.2's packed fp8 rows, FlashMLA's layout).
+DTYPES = {"bf16": (torch.bfloat16, 576), "fp8": (torch.uint8, 576), "fp8_ds_mla": (torch.uint8, 656)}
 
 
 def make_host(dtype: str, pages: int = 64, layout: str = "page_first", *, page: int = PAGE,

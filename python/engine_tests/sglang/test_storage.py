@@ -52,7 +52,7 @@ def queries(prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("server", ["single", "cluster"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp8_ds_mla"])
 def test_pages_one_process_stored_load_byte_exact_in_another_as_from_hicache_file(
     remotes, tmp_path, dtype, server
 ):

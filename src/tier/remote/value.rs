@@ -312,7 +312,12 @@ mod tests {
             BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), 2, 8, 2 * 16 * 576).unwrap();
         assert_eq!(fp8.payload_len, bf16.payload_len);
         let h = BlockHash(7);
-        let value = fp8.encode::<()>(h, |p| Ok(p.fill(3))).unwrap();
+        let value = fp8
+            .encode::<()>(h, |p| {
+                p.fill(3);
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(fp8.check(h, &value), Ok(()));
         assert_eq!(bf16.check(h, &value), Err(Rejected::OtherFormat));
         assert_ne!(fp8.key_prefix("a"), bf16.key_prefix("a"));
