@@ -1,5 +1,5 @@
 //! `adaptive` against its candidate rules over several hash seeds: the
-//! figures of docs/eviction.md, reproducible with one command.
+//! spread of hit rates, reproducible with one command.
 //!
 //! ```text
 //! cargo run --release --example duel_seeds -- [--workload multiturn|mooncake|NAME]

@@ -1,6 +1,6 @@
 //! An upper bound on the hits any online policy can expect on a generated
-//! conversational workload, held request by request: the figures of
-//! docs/eviction.md ("The fifteenth round"), reproducible with one command.
+//! conversational workload, held request by request, reproducible with one
+//! command.
 //!
 //! ```text
 //! cargo run --release --example online_bound -- [--workload multiturn,chat-long-think,agents]

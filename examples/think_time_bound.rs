@@ -1,7 +1,6 @@
 //! An estimate of how many hits an online policy can reach on a generated
 //! conversational workload, against what `return_time` reaches and the
-//! offline optimum: the figures of docs/eviction.md ("The fourteenth
-//! round"), reproducible with one command.
+//! offline optimum, reproducible with one command.
 //!
 //! ```text
 //! cargo run --release --example think_time_bound -- [--workload multiturn,chat-long-think,agents]

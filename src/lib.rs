@@ -88,3 +88,8 @@ pub use stats::CacheStats;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The Rust guide's examples (docs/rust.md), compiled and run as doc tests.
+#[doc = include_str!("../docs/rust.md")]
+#[cfg(doctest)]
+pub struct RustGuideDoctests;

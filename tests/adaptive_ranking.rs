@@ -7,8 +7,8 @@
 //! return after minutes beside a flood of one-off documents: residency
 //! wins, while the flood makes ARC's shadow hit about as much for a
 //! while), and `agents` at 16,383 blocks (agent sessions resending long
-//! contexts: residency wins). See docs/eviction.md for the figures over ten hash seeds
-//! (`cargo run --release --example duel_seeds`).
+//! contexts: residency wins). The figures over ten hash seeds:
+//! `cargo run --release --example duel_seeds`.
 //!
 //! Pinned for the workload's seed 0 (two cache sizes per workload, one
 //! for `chat-under-flood`), with `adaptive` replayed for hash seeds 0 to 3

@@ -1,7 +1,7 @@
 //! `return_time` against `lru` and `arc` on the `multiturn` workload (long
 //! conversations over shared system prompts whose next turn returns after
 //! about one turnover of the cache) and on the Mooncake trace (prefixes
-//! forked, not extended); see docs/eviction.md for the figures.
+//! forked, not extended).
 //!
 //! Pinned at two cache sizes (and multiturn's share also at a third), for
 //! the workload's seed 0 and hash seed 0:
@@ -12,7 +12,7 @@
 //! 65,536 blocks (46.8%; 39.7% when more turns always went first); on the
 //! Mooncake trace it hits at least as much as `lru` in the cache-only
 //! model at both sizes, and through the manager at 16,384 blocks (at 8,192
-//! it does not: docs/eviction.md), and in the cache-only model at 65,536
+//! it does not), and in the cache-only model at 65,536
 //! and 131,072 blocks at least 97% of what `lru` hits (99.2% / 98.9%; 92% /
 //! 83% when a pool's young end went by the remaining time alone). Release
 //! build: some seconds.

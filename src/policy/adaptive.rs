@@ -109,10 +109,9 @@ fn key(hash: &BlockHash) -> u64 {
 /// shadow keeps more requests than the rule would (at 1 in 16, a prompt
 /// of 24 blocks, none cached, that has a sampled block at all has none in
 /// its first half about one time in three). Chosen by measurement, not
-/// derived (docs/eviction.md, the tenth round): counting half of the
-/// sampled blocks, or judging on the middle of the range the cached run
-/// may end in, keeps about as many requests as the rule, but sends the
-/// duel to ARC where residency wins.
+/// derived: counting half of the sampled blocks, or judging on the middle
+/// of the range the cached run may end in, keeps about as many requests as
+/// the rule, but sends the duel to ARC where residency wins.
 fn warm(places: &[usize], hit: usize, prompt_len: usize) -> bool {
     let first_miss = places.get(hit).copied().unwrap_or(prompt_len);
     2 * first_miss >= prompt_len

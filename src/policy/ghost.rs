@@ -71,7 +71,7 @@ pub(crate) struct Ghost {
 /// lowest forced to 1): none in practice. (With 20-bit tags, 1 lookup in
 /// 250,000 matched falsely: a few dozen in a long replay, different ones
 /// for each hash seed, which moved the hit rate of `adaptive`'s real cache
-/// by 2% or more: docs/eviction.md, the thirteenth round.) Memory is fixed
+/// by 2% or more.) Memory is fixed
 /// at construction: a bucket of 16 ways per two fingerprints a list holds
 /// (rounded up to a power of two), so 32 to 64 bytes per fingerprint
 /// remembered.

@@ -4,7 +4,7 @@
 //! witnesses have seen the whole range of return ages, and a kept block
 //! older than any return learned is stale: the horizon's margin (1.5 x the
 //! 99th percentile) is for return ages the witnesses could not show,
-//! evicted before they came back (docs/eviction.md, the thirteenth round).
+//! evicted before they came back.
 //! Blocks seen once are not counted: the one cold request in 32 residency
 //! keeps is mostly one-off blocks, which never come back whatever the
 //! horizon.

@@ -61,8 +61,7 @@
 //! stale never shows its return). A cache picks its witnesses by the count
 //! of blocks stored, so that its choices do not depend on the hash seed; a
 //! shadow cache of [`super::Adaptive`], which sees a sample of the blocks
-//! by hash already, picks them by fingerprint ([`Witnesses`];
-//! docs/eviction.md, the thirteenth round). Where reused kept blocks
+//! by hash already, picks them by fingerprint ([`Witnesses`]). Where reused kept blocks
 //! evicted before the horizon rarely come back, the horizon is the oldest
 //! return learned ([`KeptEvictions`]).
 //!
@@ -93,9 +92,8 @@
 //! residents from the sessions that come next, as it first filled them.
 //! On `chat-under-flood` at 65,535 blocks, whose flood of one-off documents
 //! sent [`super::Adaptive`] to ARC for a while, this brought ten hash
-//! seeds from 33.3%-34.8% to 34.1%-36.2% (residency alone 37.5%; since
-//! the shadows' judgement of docs/eviction.md's tenth round, `adaptive`
-//! stays under residency there).
+//! seeds from 33.3%-34.8% to 34.1%-36.2% (residency alone 37.5%;
+//! `adaptive`, judging by its shadows, stays under residency there).
 //!
 //! A variant of residency's order after the stale blocks, for the real
 //! cache of [`super::Adaptive`] ([`OnceReused::set_residency_order`]; see
