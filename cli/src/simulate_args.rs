@@ -27,8 +27,8 @@ pub enum Workload {
     ChatLongThink,
     /// Generated flood of one-off documents behind 64 shared system prompts.
     PromptFlood,
-    /// Generated agent sessions returning to long private contexts every 2
-    /// to 60 seconds.
+    /// Generated agent sessions returning to long private contexts every 10
+    /// to 120 seconds.
     Agents,
     /// Generated long multi-turn conversations over shared system prompts,
     /// each turn returning after about one turnover of the cache.
