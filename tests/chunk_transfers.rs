@@ -363,7 +363,7 @@ fn a_waited_job_reports_itself_only_and_leaves_queued_jobs_to_the_poller() {
     assert_eq!(b.chunk(5), a.chunk(1));
     assert!(b.chunk(6).iter().chain(b.chunk(7)).all(|&x| x == 0));
     assert!(b.transfers.take_finished().is_empty());
-    assert_eq!(b.transfers.in_flight(), 0);
+    assert!(b.transfers.wait_idle(Duration::from_secs(10)));
     assert!(b.transfers.load(keys(&["w"]), vec![CHUNKS]).is_err());
 }
 
@@ -440,4 +440,79 @@ fn probes_on_their_own_connection_answer_while_a_transfer_blocks_the_other() {
         "a lookup tier of another namespace is refused"
     );
     drop(memory);
+}
+
+#[test]
+fn a_load_runs_beside_a_blocked_store_on_its_own_connection() {
+    let backend = Faulty::new();
+    let mut a = host(Box::new(backend.store.clone()), options("m"));
+    a.fill(0, 5);
+    a.transfers.submit_store(1, keys(&["k"]), vec![0]).unwrap();
+    assert!(a.finish()[0].success());
+
+    let mut memory = vec![0u8; CHUNKS * STRIDE].into_boxed_slice();
+    // SAFETY: as in `host`; `transfers` is dropped before `memory`.
+    let region =
+        unsafe { HostRegion::new(memory.as_mut_ptr(), memory.len(), STRIDE, CHUNK) }.unwrap();
+    let stores = RemoteTier::new(Box::new(backend.clone()), format(), options("m")).unwrap();
+    let loads = RemoteTier::new(Box::new(backend.store.clone()), format(), options("m")).unwrap();
+    let transfers = ChunkTransfers::new(stores, region)
+        .unwrap()
+        .with_loads(loads)
+        .unwrap();
+    backend.slow.store(true, Ordering::SeqCst);
+    transfers
+        .submit_store(2, keys(&["other"]), vec![1])
+        .unwrap();
+    // The store's worker is blocked; the load goes through.
+    let loaded = transfers.load(keys(&["k"]), vec![2]).unwrap();
+    assert_eq!(loaded.done, 1);
+    assert_eq!(
+        &memory[2 * STRIDE..2 * STRIDE + CHUNK],
+        a.chunk(0),
+        "the loaded chunk"
+    );
+    backend.slow.store(false, Ordering::SeqCst);
+    assert!(transfers.wait_idle(Duration::from_secs(10)));
+    drop(transfers);
+}
+
+#[test]
+fn jobs_of_values_larger_than_a_round_trip_move_one_trip_at_a_time() {
+    // Chunks of about 3 MiB: one value per round trip.
+    let layers = (3 << 20) / (TOKENS * 1152);
+    let big = (layers * TOKENS * 1152) as usize;
+    let format = BlockFormat::mla_chunk(Encoding::Stored(Dtype::Bf16), layers, TOKENS, big)
+        .expect("whole latents");
+    let shared = SimRemote::new(100);
+    let mut regions = [
+        vec![0u8; 4 * big].into_boxed_slice(),
+        vec![0u8; 4 * big].into_boxed_slice(),
+    ];
+    for (i, b) in regions[0].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let [writer, reader] = regions.each_mut().map(|memory| {
+        // SAFETY: the regions outlive the transfers (dropped at the end of
+        // the test, before `regions`).
+        let region =
+            unsafe { HostRegion::new(memory.as_mut_ptr(), memory.len(), big, big) }.unwrap();
+        let tier = RemoteTier::new(Box::new(shared.clone()), format, options("m")).unwrap();
+        ChunkTransfers::new(tier, region).unwrap()
+    });
+    assert!(writer
+        .store(keys(&["a", "b", "c"]), vec![0, 1, 2])
+        .unwrap()
+        .success());
+    assert_eq!(shared.len(), 3);
+    // A miss in the third trip: the first two load, the rest stay untouched.
+    let loaded = reader
+        .load(keys(&["c", "a", "x", "b"]), vec![0, 1, 2, 3])
+        .unwrap();
+    assert_eq!((loaded.done, loaded.total), (2, 4));
+    assert_eq!(reader.stats().miss_blocks, 2);
+    drop((writer, reader));
+    assert_eq!(regions[1][..big], regions[0][2 * big..3 * big]);
+    assert_eq!(regions[1][big..2 * big], regions[0][..big]);
+    assert!(regions[1][2 * big..].iter().all(|&b| b == 0));
 }

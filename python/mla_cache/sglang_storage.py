@@ -77,9 +77,10 @@ class MlaHiCacheStorage(HiCacheStorage):
     ``namespace``, naming the model and weights (engines share pages only
     under the same one; SGLang's model name, pipeline stage, host layout
     and page geometry are added to it); ``lookup_budget_ms`` (20), the
-    longest one existence check may take before its pages count as misses;
-    ``queue_depth`` (64), transfers queued for the store at most, beyond
-    which one fails at once.
+    longest one existence check may take before its pages count as misses.
+    The namespace must also tell apart KV quantizations whose bytes look
+    alike (fp8 e4m3 or e5m2, different KV scales): SGLang keeps both in
+    ``uint8`` host rows.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
@@ -109,7 +110,6 @@ class MlaHiCacheStorage(HiCacheStorage):
         self._remote = str(extra["remote"])
         self._namespace = str(extra["namespace"])
         self._lookup_budget_ms = float(extra.get("lookup_budget_ms", 20.0))
-        self._queue_depth = int(extra.get("queue_depth", 64))
         self._chunks: Optional[ChunkTransfers] = None
         self._page_size = 0
         self._page_gb = 0.0
@@ -154,7 +154,6 @@ class MlaHiCacheStorage(HiCacheStorage):
                 tokens_per_chunk=host.page_size,
                 namespace=self._namespace + "\0" + json.dumps(identity, sort_keys=True),
                 lookup_budget_ms=self._lookup_budget_ms,
-                queue_depth=self._queue_depth,
                 name="L3",
             )
         except ValueError as e:
@@ -209,9 +208,11 @@ class MlaHiCacheStorage(HiCacheStorage):
         host_indices: torch.Tensor,
         extra_info: Optional[HiCacheStorageExtraInfo] = None,
     ) -> List[bool]:
-        """Stores the pages the store lacks, all or none. Only the writer
-        rank writes (the latent is the same on every rank); the others
-        report success, as the writer stores the same pages."""
+        """Stores the pages the store lacks; every page True, or every page
+        False if any write failed (the pages written before the failure
+        stay, each whole). Only the writer rank writes (the latent is the
+        same on every rank); the others report success, as the writer
+        stores the same pages."""
         if not self._config.is_storage_writer:
             return [True] * len(keys)
         start = time.perf_counter()

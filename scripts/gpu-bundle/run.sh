@@ -30,20 +30,27 @@ for t in cuda_store nvrtc_compile; do
     "$bundle/bin/$t" --list >/dev/null 2>&1 || { note "FAIL: bin/$t does not start on this machine"; exit 1; }
 done
 
-# 2. libnvrtc, CUDA 13 first, then 12: MLA_CACHE_NVRTC, the toolkit, the wheels.
+# 2. libnvrtc: MLA_CACHE_NVRTC (the library or its folder), else the toolkit
+# or NVIDIA's wheels, the newest major the driver runs (CUDA 13, then 12).
+driver_major="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)"
 find_nvrtc() {
+    local v d
     if [ -n "${MLA_CACHE_NVRTC:-}" ]; then
-        ls -d "$MLA_CACHE_NVRTC"/libnvrtc.so* "$MLA_CACHE_NVRTC" 2>/dev/null | grep -m1 'libnvrtc\.so' && return
+        [ -f "$MLA_CACHE_NVRTC" ] && { echo "$MLA_CACHE_NVRTC"; return; }
+        for v in libnvrtc.so.13 libnvrtc.so.12 libnvrtc.so; do
+            [ -e "$MLA_CACHE_NVRTC/$v" ] && { echo "$MLA_CACHE_NVRTC/$v"; return; }
+        done
+        return 1
     fi
     local dirs=("${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda-13*/lib64 /usr/local/cuda-12*/lib64
         /usr/lib/x86_64-linux-gnu)
     local site
-    site="$(python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)"
-    while read -r s; do
-        [ -n "$s" ] && dirs+=("$s/nvidia/cu13/lib" "$s/nvidia/cuda_nvrtc/lib")
+    site="$(python3 -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)"
+    while read -r d; do
+        [ -n "$d" ] && dirs+=("$d/nvidia/cu13/lib" "$d/nvidia/cuda_nvrtc/lib")
     done <<<"$site"
-    local v d
     for v in 13 12; do
+        [ -n "$driver_major" ] && [ "$v" -gt "$driver_major" ] && continue
         for d in "${dirs[@]}"; do
             [ -e "$d/libnvrtc.so.$v" ] && { echo "$d/libnvrtc.so.$v"; return; }
         done
@@ -64,13 +71,19 @@ if [ -z "$nvrtc" ]; then
     note "FAIL: libnvrtc (CUDA 13 or 12) not found: set MLA_CACHE_NVRTC, CUDA_HOME, or install NVIDIA's nvrtc wheel"
     exit 1
 fi
-# cudarc opens `libnvrtc.so` by name: a link to the library found, beside
-# the library's own folder (its builtins) on the search path.
+# cudarc opens `libnvrtc.so` by name: a folder of links to the library found
+# and its builtins, alone on the search path (not the toolkit's whole folder,
+# whose other libraries would come before torch's own).
 links="$out/.nvrtc"
+rm -rf "$links"
 mkdir -p "$links"
-ln -sf "$nvrtc" "$links/libnvrtc.so"
+ln -s "$nvrtc" "$links/libnvrtc.so"
+ln -s "$nvrtc" "$links/$(basename "$nvrtc")"
+for b in "$(dirname "$nvrtc")"/libnvrtc-builtins*; do
+    [ -e "$b" ] && ln -s "$b" "$links/"
+done
 export MLA_CACHE_NVRTC="$links"
-export LD_LIBRARY_PATH="$links:$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MLA_CACHE_REQUIRE_GPU=1 MLA_CACHE_REQUIRE_NVRTC=1
 
 status=0
@@ -96,6 +109,10 @@ grep -h "test result" "$out"/nvrtc_compile.log "$out"/cuda_store.log | sed 's/^/
 step gpu_bandwidth "$bundle/bin/gpu_bandwidth"
 
 # 6. The Python module in torch: DLPack round trip, bandwidth beside torch's copy.
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    note "FAIL python: the wheel needs CPython 3.11 or later; python3 is $(python3 --version 2>&1)"
+    status=1
+fi
 py="$out/.python"
 rm -rf "$py"
 step install_wheel python3 -m pip install --quiet --no-deps --no-index --target "$py" "$bundle"/wheel/*.whl

@@ -2,7 +2,7 @@
 //! buffer (the Rust [`remote::ChunkTransfers`]), for the engines' own
 //! offload plug-ins.
 
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::buffer::PyUntypedBuffer;
@@ -17,7 +17,9 @@ use crate::tier::{redis_backend, RemoteOptions, RemoteTier};
 use crate::BlockHash;
 
 /// The transfers and the exported buffer their region points into; the
-/// buffer is released only after the transfers (and their worker) are gone.
+/// buffer is released only after the transfers (and their workers) are
+/// gone, by whoever drops the last reference: `close`, or a call still
+/// running when `close` came.
 struct Open {
     transfers: remote::ChunkTransfers,
     _buffer: PyUntypedBuffer,
@@ -45,13 +47,15 @@ struct Open {
 /// keep ``region`` alive until ``close()``.
 #[pyclass(frozen, module = "mla_cache")]
 pub struct ChunkTransfers {
-    open: RwLock<Option<Open>>,
+    // No lock is held while a call runs (it may wait on the server with the
+    // GIL released): a call takes a reference, `close` takes the slot.
+    open: Mutex<Option<Arc<Open>>>,
 }
 
 impl ChunkTransfers {
     fn with<T>(&self, f: impl FnOnce(&remote::ChunkTransfers) -> PyResult<T>) -> PyResult<T> {
-        let open = self.open.read().unwrap_or_else(|e| e.into_inner());
-        match open.as_ref() {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match open {
             Some(o) => f(&o.transfers),
             None => Err(PyRuntimeError::new_err("the chunk transfers are closed")),
         }
@@ -144,17 +148,19 @@ impl ChunkTransfers {
             queue_depth,
             name: name.to_owned(),
         };
-        // Probes go over a connection of their own, never behind a transfer.
+        // Probes and loads go over connections of their own: neither waits
+        // behind a store.
         let tier = |options| RemoteTier::new(redis_backend(remote)?, format, options);
         let transfers = tier(options.clone())
             .and_then(|t| remote::ChunkTransfers::new(t, host))
-            .and_then(|t| t.with_lookups(tier(options)?))
+            .and_then(|t| t.with_lookups(tier(options.clone())?))
+            .and_then(|t| t.with_loads(tier(options)?))
             .map_err(errors::to_py)?;
         Ok(Self {
-            open: RwLock::new(Some(Open {
+            open: Mutex::new(Some(Arc::new(Open {
                 transfers,
                 _buffer: buffer,
-            })),
+            }))),
         })
     }
 
@@ -294,11 +300,13 @@ impl ChunkTransfers {
     }
 
     /// Finishes the queued jobs (each bounded by the server timeouts), stops
-    /// the worker and releases ``region``. Idempotent; later calls raise
+    /// the workers and releases ``region`` (once a call still running on
+    /// another thread returns). Idempotent; later calls raise
     /// ``RuntimeError``, except ``close``.
     fn close(&self, py: Python<'_>) {
-        let open = self.open.write().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(Open { transfers, _buffer }) = open {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // A call still running keeps the transfers; its end releases them.
+        if let Some(Ok(Open { transfers, _buffer })) = open.map(Arc::try_unwrap) {
             py.detach(|| drop(transfers));
             drop(_buffer);
         }

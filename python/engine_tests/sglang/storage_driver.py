@@ -9,7 +9,7 @@ controller selects), run on a controller holding only the storage state.
 
 Run as a script, it is a second SGLang process storing pages::
 
-    python storage_driver.py BACKEND_JSON DTYPE SEED REQUESTS
+    python storage_driver.py BACKEND_JSON DTYPE SEED REQUESTS LAYOUT
 """
 
 from __future__ import annotations
@@ -176,18 +176,25 @@ def requests(seed: int, n: int, pages: int = 4) -> list[list[int]]:
     return out
 
 
+def _pages(host: MLATokenToKVPoolHost) -> torch.Tensor:
+    """The host pool's bytes, one row per page (page-first layouts keep a
+    page, all its layers, contiguous)."""
+    return host.kv_buffer.view(torch.uint8).reshape(-1).view(-1, host.get_size_per_token() * host.page_size)
+
+
 def fill(host: MLATokenToKVPoolHost, indices: torch.Tensor, tokens: list[int]) -> None:
-    """Writes the latents a model would compute for ``tokens`` (a function of
-    the prefix) at ``indices`` of the host pool."""
-    buf = host.kv_buffer.view(torch.uint8)
-    row = buf.shape[1] * buf.shape[2] * buf.shape[3]
-    for i, (slot, _) in enumerate(zip(indices.tolist(), tokens)):
-        seed = hash(tuple(tokens[: i + 1])) & 0xFFFFFFFF
-        buf[slot].view(-1).copy_(torch.from_numpy(np.random.default_rng(seed).integers(0, 256, row, dtype=np.uint8)))
+    """Writes the latents a model would compute for ``tokens`` (each page's
+    a function of its prefix) into the pages at ``indices``."""
+    pages = _pages(host)
+    for i, slot in enumerate(indices[:: host.page_size].tolist()):
+        seed = hash(tuple(tokens[: (i + 1) * host.page_size])) & 0xFFFFFFFF
+        row = np.random.default_rng(seed).integers(0, 256, pages.shape[1], dtype=np.uint8)
+        pages[slot // host.page_size].copy_(torch.from_numpy(row))
 
 
 def pages_bytes(host: MLATokenToKVPoolHost, indices: torch.Tensor) -> bytes:
-    return host.kv_buffer.view(torch.uint8)[indices].numpy().tobytes()
+    """The bytes of the pages at ``indices``, in order."""
+    return _pages(host)[indices[:: host.page_size] // host.page_size].numpy().tobytes()
 
 
 def store(ctrl: Controller, prompts: list[list[int]]) -> list[bytes]:
@@ -203,8 +210,8 @@ def store(ctrl: Controller, prompts: list[list[int]]) -> list[bytes]:
 
 
 if __name__ == "__main__":
-    settings, dtype, seed, n = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    ctrl = Controller("dynamic", settings, make_host(dtype))
+    settings, dtype, seed, n, layout = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    ctrl = Controller("dynamic", settings, make_host(dtype, layout=layout))
     try:
         store(ctrl, requests(seed, n))
     finally:

@@ -34,9 +34,9 @@ def namespace() -> str:
     return f"ns-{uuid.uuid4().hex}"
 
 
-def store_in_another_process(settings: dict, dtype: str, seed: int, n: int) -> None:
+def store_in_another_process(settings: dict, dtype: str, seed: int, n: int, layout: str = "page_first") -> None:
     out = subprocess.run(
-        [sys.executable, str(HERE / "storage_driver.py"), json.dumps(settings), dtype, str(seed), str(n)],
+        [sys.executable, str(HERE / "storage_driver.py"), json.dumps(settings), dtype, str(seed), str(n), layout],
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,17 +51,20 @@ def queries(prompts: list[list[int]]) -> list[list[int]]:
     return prompts + [p[: 2 * d.PAGE] + fresh[: 2 * d.PAGE] for p in prompts] + [fresh]
 
 
-@pytest.mark.parametrize("server", ["single", "cluster"])
-@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize(
+    "server, dtype, layout",
+    [(s, t, "page_first") for s in ("single", "cluster") for t in ("bf16", "fp8", "fp8_ds_mla")]
+    + [("single", "bf16", "page_first_direct")],
+)
 def test_pages_one_process_stored_load_byte_exact_in_another_as_from_hicache_file(
-    remotes, tmp_path, dtype, server
+    remotes, tmp_path, dtype, server, layout
 ):
     ns = namespace()
     prompts = d.requests(seed=3, n=6)
-    store_in_another_process(d.mla_settings(remotes[server], ns), dtype, seed=3, n=6)
-    reference = d.Controller("file", {"file_storage_path": str(tmp_path)}, d.make_host(dtype))
+    store_in_another_process(d.mla_settings(remotes[server], ns), dtype, seed=3, n=6, layout=layout)
+    reference = d.Controller("file", {"file_storage_path": str(tmp_path)}, d.make_host(dtype, layout=layout))
     written = d.store(reference, prompts)
-    ours = d.Controller("dynamic", d.mla_settings(remotes[server], ns), d.make_host(dtype))
+    ours = d.Controller("dynamic", d.mla_settings(remotes[server], ns), d.make_host(dtype, layout=layout))
     try:
         for q in queries(prompts):
             hashes, hit_tokens = ours.hit_query(q)
@@ -96,13 +99,16 @@ def test_another_model_format_or_namespace_never_hits(remotes):
         "namespace": d.Controller("dynamic", d.mla_settings(remotes["single"], namespace()), d.make_host("bf16")),
         "model": d.Controller("dynamic", d.mla_settings(remotes["single"], ns), d.make_host("bf16"), model="moonshotai/Kimi-K2"),
         "format": d.Controller("dynamic", d.mla_settings(remotes["single"], ns), d.make_host("fp8")),
+        "layout": d.Controller(
+            "dynamic", d.mla_settings(remotes["single"], ns), d.make_host("bf16", layout="page_first_direct")
+        ),
     }
     try:
         hits = {name: r.hit_query(prompts[0])[1] for name, r in readers.items()}
     finally:
         for r in readers.values():
             r.close()
-    assert hits == {"same": len(prompts[0]), "namespace": 0, "model": 0, "format": 0}
+    assert hits == {"same": len(prompts[0]), "namespace": 0, "model": 0, "format": 0, "layout": 0}
 
 
 def test_only_the_writer_rank_writes_and_every_rank_reads(remotes):

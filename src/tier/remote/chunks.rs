@@ -138,10 +138,14 @@ pub(super) struct ChunkJob {
 /// timeouts), so no job outlives it.
 #[derive(Debug)]
 pub struct ChunkTransfers {
+    /// Runs the stores (and, without `loads`, the loads).
     remote: RemoteTier,
     /// The same store over a connection and worker of its own for probes,
     /// so that a probe never waits behind a transfer (see `with_lookups`).
     lookups: Option<RemoteTier>,
+    /// The same for loads, so that a load never waits behind a store (see
+    /// `with_loads`).
+    loads: Option<RemoteTier>,
     region: Arc<HostRegion>,
     finished_tx: Sender<Finished>,
     finished_rx: Mutex<Receiver<Finished>>,
@@ -163,6 +167,7 @@ impl ChunkTransfers {
         Ok(Self {
             remote,
             lookups: None,
+            loads: None,
             region: Arc::new(region),
             finished_tx,
             finished_rx: Mutex::new(finished_rx),
@@ -175,15 +180,30 @@ impl ChunkTransfers {
     /// queues behind a transfer of many megabytes, and its budget is spent
     /// on the round trip only.
     pub fn with_lookups(mut self, lookups: RemoteTier) -> Result<Self> {
-        if lookups.format() != self.remote.format()
-            || lookups.options().namespace != self.remote.options().namespace
-        {
-            return Err(Error::InvalidConfig(
-                "the lookup tier must hold the transfers' format under their namespace".into(),
-            ));
-        }
+        self.same_store(&lookups)?;
         self.lookups = Some(lookups);
         Ok(self)
+    }
+
+    /// Runs the loads on `loads`, the same store over its own connection
+    /// and worker: a load (what a request waits for) then never queues
+    /// behind a store (what only a later request may use).
+    pub fn with_loads(mut self, loads: RemoteTier) -> Result<Self> {
+        self.same_store(&loads)?;
+        self.loads = Some(loads);
+        Ok(self)
+    }
+
+    fn same_store(&self, other: &RemoteTier) -> Result<()> {
+        if other.format() != self.remote.format()
+            || other.options().namespace != self.remote.options().namespace
+        {
+            return Err(Error::InvalidConfig(
+                "a lookup or load tier must hold the transfers' format under their namespace"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The remote tier.
@@ -289,8 +309,12 @@ impl ChunkTransfers {
             finished: finished.clone(),
             in_flight: Arc::clone(&self.in_flight),
         });
-        if self.remote.jobs.try_send(job).is_err() {
-            self.remote.counters.queue_full.fetch_add(1, Relaxed);
+        let tier = match (direction, &self.loads) {
+            (Direction::Load, Some(loads)) => loads,
+            _ => &self.remote,
+        };
+        if tier.jobs.try_send(job).is_err() {
+            tier.counters.queue_full.fetch_add(1, Relaxed);
             self.in_flight.fetch_sub(1, SeqCst);
             let _ = finished.send(Finished {
                 job: id,
@@ -329,11 +353,11 @@ impl ChunkTransfers {
         true
     }
 
-    /// A snapshot of the remote tier's counters (with its lookup tier's).
+    /// A snapshot of the remote tier's counters (with its lookup and load tiers').
     pub fn stats(&self) -> RemoteStats {
         let mut stats = self.remote.stats();
-        if let Some(lookups) = &self.lookups {
-            stats += lookups.stats();
+        for tier in self.lookups.iter().chain(&self.loads) {
+            stats += tier.stats();
         }
         stats
     }
@@ -358,69 +382,83 @@ impl Worker {
         job.in_flight.fetch_sub(1, SeqCst);
     }
 
-    /// Copies the leading run of present, intact values into their chunks.
+    /// Copies the leading run of present, intact values into their chunks,
+    /// one round trip at a time (never more than one trip's values held).
     fn load_chunks(&mut self, job: &ChunkJob) -> (usize, u64) {
-        let values = self.get(&job.hashes).unwrap_or_default();
-        let mut bytes = 0;
-        for (value, &chunk) in values.iter().zip(&job.chunks) {
-            let payload = &value[HEADER_LEN..];
-            debug_assert_eq!(payload.len(), job.region.chunk_bytes);
-            // SAFETY: the chunk is inside the region (checked at submission),
-            // the region is valid while `job` holds it, and the engine leaves
-            // the chunk alone until the job is finished (HostRegion::new).
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    payload.as_ptr(),
-                    job.region.chunk(chunk),
-                    payload.len(),
-                )
-            };
-            bytes += value.len() as u64;
+        let per_trip = self.values_per_trip();
+        let (mut done, mut bytes) = (0, 0);
+        for (hashes, chunks) in job.hashes.chunks(per_trip).zip(job.chunks.chunks(per_trip)) {
+            let values = self.get(hashes).unwrap_or_default();
+            for (value, &chunk) in values.iter().zip(chunks) {
+                let payload = &value[HEADER_LEN..];
+                debug_assert_eq!(payload.len(), job.region.chunk_bytes);
+                // SAFETY: the chunk is inside the region (checked at submission),
+                // the region is valid while `job` holds it, and the engine leaves
+                // the chunk alone until the job is finished (HostRegion::new).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        job.region.chunk(chunk),
+                        payload.len(),
+                    )
+                };
+                bytes += value.len() as u64;
+            }
+            done += values.len();
+            if values.len() < hashes.len() {
+                break;
+            }
         }
         self.counters
             .miss_blocks
-            .fetch_add((job.hashes.len() - values.len()) as u64, Relaxed);
-        (values.len(), bytes)
+            .fetch_add((job.hashes.len() - done) as u64, Relaxed);
+        (done, bytes)
     }
 
-    /// Writes the chunks the store lacks: all or nothing.
+    /// Writes the chunks the store lacks, one round trip of values at a
+    /// time; done only if every trip succeeds (a failed trip leaves the
+    /// earlier trips' values, each whole, in the store).
     fn store_chunks(&mut self, job: &ChunkJob) -> (usize, u64) {
         let keys: Vec<Vec<u8>> = job.hashes.iter().map(|&h| self.key(h)).collect();
         let present = match self.backend.exists(&keys) {
-            Ok(present) => present,
-            Err(_) => {
+            Ok(present) if present.len() == keys.len() => present,
+            _ => {
                 self.counters.errors.fetch_add(1, Relaxed);
                 return (0, 0);
             }
         };
-        let entries: Vec<(Vec<u8>, Vec<u8>)> = keys
-            .into_iter()
-            .zip(&job.hashes)
-            .zip(&job.chunks)
-            .zip(present)
-            .filter(|(_, present)| !present)
-            .map(|(((key, &hash), &chunk), _)| {
-                let value = self.format.encode::<()>(hash, |payload| {
-                    // SAFETY: as in load_chunks; the engine does not write
-                    // the chunk while the job is in flight.
-                    let src = unsafe {
-                        std::slice::from_raw_parts(job.region.chunk(chunk), payload.len())
-                    };
-                    payload.copy_from_slice(src);
-                    Ok(())
-                });
-                (key, value.expect("the fill cannot fail"))
-            })
-            .collect();
-        let bytes: u64 = entries.iter().map(|e| e.1.len() as u64).sum();
-        if !entries.is_empty() && self.backend.put_if_absent(&entries).is_err() {
-            self.counters.errors.fetch_add(1, Relaxed);
-            return (0, 0);
+        let absent: Vec<usize> = (0..keys.len()).filter(|&i| !present[i]).collect();
+        let mut bytes = 0;
+        for trip in absent.chunks(self.values_per_trip()) {
+            let entries: Vec<(Vec<u8>, Vec<u8>)> = trip
+                .iter()
+                .map(|&i| {
+                    let value = self.format.encode::<()>(job.hashes[i], |payload| {
+                        // SAFETY: as in load_chunks; the engine does not write
+                        // the chunk while the job is in flight.
+                        let src = unsafe {
+                            std::slice::from_raw_parts(
+                                job.region.chunk(job.chunks[i]),
+                                payload.len(),
+                            )
+                        };
+                        payload.copy_from_slice(src);
+                        Ok(())
+                    });
+                    (keys[i].clone(), value.expect("the fill cannot fail"))
+                })
+                .collect();
+            let trip_bytes: u64 = entries.iter().map(|e| e.1.len() as u64).sum();
+            if self.backend.put_if_absent(&entries).is_err() {
+                self.counters.errors.fetch_add(1, Relaxed);
+                return (0, bytes);
+            }
+            self.counters
+                .put_blocks
+                .fetch_add(entries.len() as u64, Relaxed);
+            self.counters.put_bytes.fetch_add(trip_bytes, Relaxed);
+            bytes += trip_bytes;
         }
-        self.counters
-            .put_blocks
-            .fetch_add(entries.len() as u64, Relaxed);
-        self.counters.put_bytes.fetch_add(bytes, Relaxed);
         (job.hashes.len(), bytes)
     }
 }

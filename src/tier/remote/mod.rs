@@ -418,16 +418,20 @@ impl Worker {
     /// about [`ROUND_TRIP_BYTES`] and no further than the first missing or
     /// refused one; `None` if the first round trip fails.
     fn get(&mut self, hashes: &[BlockHash]) -> Option<Vec<Vec<u8>>> {
-        let per_trip = (ROUND_TRIP_BYTES / self.format.value_len()).max(1);
         let mut found = Vec::new();
-        'trips: for trip in hashes.chunks(per_trip) {
+        'trips: for trip in hashes.chunks(self.values_per_trip()) {
             let keys: Vec<Vec<u8>> = trip.iter().map(|&h| self.key(h)).collect();
-            let Ok(values) = self.backend.get(&keys) else {
-                self.counters.errors.fetch_add(1, Relaxed);
-                if found.is_empty() {
-                    return None;
+            // A reply per key, or the trip failed (a short reply must never
+            // shift values onto other keys).
+            let values = match self.backend.get(&keys) {
+                Ok(values) if values.len() == keys.len() => values,
+                _ => {
+                    self.counters.errors.fetch_add(1, Relaxed);
+                    if found.is_empty() {
+                        return None;
+                    }
+                    break;
                 }
-                break;
             };
             for (&hash, value) in trip.iter().zip(values) {
                 let Some(value) = value else { break 'trips };
@@ -447,11 +451,16 @@ impl Worker {
         Some(found)
     }
 
+    /// Values one round trip carries: about [`ROUND_TRIP_BYTES`], at least one.
+    fn values_per_trip(&self) -> usize {
+        (ROUND_TRIP_BYTES / self.format.value_len()).max(1)
+    }
+
     fn exists(&mut self, hashes: &[BlockHash]) -> Option<Vec<bool>> {
         let keys: Vec<Vec<u8>> = hashes.iter().map(|&h| self.key(h)).collect();
         match self.backend.exists(&keys) {
-            Ok(present) => Some(present),
-            Err(_) => {
+            Ok(present) if present.len() == keys.len() => Some(present),
+            _ => {
                 self.counters.errors.fetch_add(1, Relaxed);
                 None
             }

@@ -143,7 +143,10 @@ impl BlockFormat {
         chunk_bytes: usize,
     ) -> crate::error::Result<Self> {
         let bytes_per_token = encoding.deepseek_bytes_per_token()?;
-        let expected = num_layers as usize * tokens as usize * bytes_per_token;
+        let expected = (num_layers as usize)
+            .checked_mul(tokens as usize)
+            .and_then(|n| n.checked_mul(bytes_per_token))
+            .unwrap_or(0);
         if expected == 0 || chunk_bytes != expected {
             return Err(crate::error::Error::InvalidConfig(format!(
                 "a chunk of {chunk_bytes} bytes is not {num_layers} layers x {tokens} tokens of \
@@ -327,5 +330,15 @@ mod tests {
             "{err}"
         );
         assert!("fp8_e5m2".parse::<Encoding>().is_err());
+        // The codes stored values carry never change.
+        let codes = [
+            Dtype::Bf16,
+            Dtype::Fp8DsMla,
+            Dtype::Mxfp6,
+            Dtype::Nvfp4DsMla,
+        ]
+        .map(|d| Encoding::Stored(d).code());
+        assert_eq!((codes, Encoding::Fp8E4m3.code()), ([0, 1, 2, 3], 4));
+        assert!(BlockFormat::mla_chunk(Encoding::Fp8E4m3, u32::MAX, u32::MAX, 1).is_err());
     }
 }
