@@ -27,6 +27,8 @@ const PROMPT: usize = 4096;
 fn manager() -> BlockManager {
     let mut c = CacheConfig::new(8192);
     c.hash_seed = Some(1);
+    // vLLM's order, as the engine adapters run by default.
+    c.eviction = EvictionPolicyKind::Lru;
     BlockManager::new(c).unwrap()
 }
 

@@ -142,11 +142,13 @@ impl FromStr for Dtype {
 #[strum(serialize_all = "snake_case")]
 #[repr(C)]
 pub enum EvictionPolicyKind {
-    /// Least recently freed first (vLLM's order).
-    #[default]
+    /// Least recently freed first (vLLM's order; the engine adapters'
+    /// default).
     Lru = 0,
     /// Adaptive replacement (ARC): blocks seen once are evicted before reused
     /// ones, with a split learned online from ghost lists of evicted hashes.
+    /// The default: the best policy on real multi-turn serving traffic.
+    #[default]
     Arc = 1,
     /// Residency: requests that find at least half their prompt cached keep
     /// their new blocks; other requests' blocks are evicted first, except one
@@ -504,7 +506,7 @@ impl CacheConfig {
             dtype: Dtype::Bf16,
             indexer: None,
             enable_prefix_caching: true,
-            eviction: EvictionPolicyKind::Lru,
+            eviction: EvictionPolicyKind::default(),
             hash_seed: None,
             block_hash: BlockHashKind::Xxh3,
             verify_tokens: false,

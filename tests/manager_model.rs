@@ -334,6 +334,8 @@ proptest! {
         let mut config = CacheConfig::new(BLOCKS);
         config.block_size = BS;
         config.hash_seed = Some(3);
+        // The reference model evicts in vLLM's order.
+        config.eviction = EvictionPolicyKind::Lru;
         let m = BlockManager::new(config).unwrap();
         let mut model = Model::new();
         for op in &ops {

@@ -77,7 +77,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = CacheConfig::DEFAULT_BLOCK_SIZE)]
     pub block_size: usize,
     /// Eviction policy.
-    #[arg(long, value_parser = args::eviction(), default_value = "lru")]
+    #[arg(long, value_parser = args::eviction(), default_value = "arc")]
     pub eviction: EvictionPolicyKind,
     /// Decode time per output token, in milliseconds.
     #[arg(long, value_name = "MS", value_parser = args::non_negative, default_value = "40")]

@@ -57,7 +57,7 @@ fn two_requests_sharing_three_of_four_blocks() {
     assert_eq!(r["never_fit"], 0);
     assert_eq!(r["stats"]["prefix_hit_tokens"], 1536);
     assert_eq!(r["config"]["dtype"], "fp8_ds_mla");
-    assert_eq!(r["config"]["eviction"], "lru");
+    assert_eq!(r["config"]["eviction"], "arc");
     // 40 GiB of 61 x 656 B per token in blocks of 64.
     assert_eq!(r["config"]["num_blocks"], (40u64 << 30) / (61 * 656 * 64));
     assert_eq!(r["bytes_per_token"], 40_016);
@@ -375,6 +375,8 @@ fn the_sweep_compares_policies_with_the_offline_bound() {
         &trace,
         "--blocks",
         "200",
+        "--eviction",
+        "lru",
         "--sweep",
         "--json",
         "--out",

@@ -35,7 +35,7 @@ def main():
     parser.add_argument("--reps", type=int, default=20_000)
     args = parser.parse_args()
 
-    config = mla_cache.CacheConfig.preset("deepseek-v3", num_blocks=4096, dtype="fp8_ds_mla")
+    config = mla_cache.CacheConfig.preset("deepseek-v3", num_blocks=4096, dtype="fp8_ds_mla", eviction="lru")
     manager = mla_cache.BlockManager(config)
     prompt = np.arange(PROMPT_TOKENS, dtype=np.int64)
     prompt_list = prompt.tolist()

@@ -105,7 +105,8 @@ def vllm_round(prompts: Sequence[List[int]], blocks: int, bs: int, max_len: int)
 
 def mla_round(prompts: Sequence, blocks: int, bs: int) -> tuple:
     """(CPU ns, cached tokens per request) through ``mla_cache.BlockManager``."""
-    m = mla_cache.BlockManager(mla_cache.CacheConfig(num_blocks=blocks, block_size=bs))
+    # vLLM's order, as vLLM's own manager (and the vLLM adapter by default).
+    m = mla_cache.BlockManager(mla_cache.CacheConfig(num_blocks=blocks, block_size=bs, eviction="lru"))
     hits = []
     clock = time.thread_time_ns
     spent = 0

@@ -199,6 +199,8 @@ class Settings:
     tpot_ns: int = 40 * NS_PER_MS
     prefill_ns_per_token: int = 0
     seed: int = 0
+    eviction: str = "lru"
+    """The engines' own order (the adapters' default)."""
 
     def cache_config(self) -> CacheConfig:
         """The cache the simulator builds for these settings."""
@@ -208,6 +210,7 @@ class Settings:
             dtype=self.dtype,
             block_size=self.block_size,
             hash_seed=self.seed,
+            eviction=self.eviction,
         )
 
     def cli_args(self) -> List[str]:
@@ -217,7 +220,7 @@ class Settings:
             "--model", self.model, "--dtype", self.dtype,
             "--blocks", str(self.num_blocks), "--block-size", str(self.block_size),
             "--tpot-ms", repr(self.tpot_ns / 1e6), "--prefill-tps", repr(tps),
-            "--seed", str(self.seed),
+            "--seed", str(self.seed), "--eviction", self.eviction,
         ]  # fmt: skip
 
 

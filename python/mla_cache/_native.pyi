@@ -64,7 +64,7 @@ class CacheConfig:
         rope_dim: int = 64,
         dtype: str = "bf16",
         enable_prefix_caching: bool = True,
-        eviction: str = "lru",
+        eviction: str = "arc",
         hash_seed: Optional[int] = None,
         verify_tokens: bool = False,
         pin_budget_blocks: Optional[int] = None,

@@ -451,7 +451,8 @@ class KVCacheManager(VllmManagerBase):
         if num_blocks < 2:
             raise ValueError("num_blocks must count the null block and at least one more")
         if cache_config is None:
-            cache_config = CacheConfig.preset("deepseek-v3", num_blocks=num_blocks - 1)
+            # vLLM's own order by default: its users expect vLLM's decisions.
+            cache_config = CacheConfig.preset("deepseek-v3", num_blocks=num_blocks - 1, eviction="lru")
         if cache_config.verify_tokens:
             raise ValueError("the adapter keys blocks by vLLM's block hashes: verify_tokens is not supported")
         # Blocks are keyed by vLLM's digests (request.block_hashes), which the

@@ -14,7 +14,7 @@ def test_defaults_and_every_field_as_keyword():
         "rope_dim": 64,
         "dtype": "bf16",
         "enable_prefix_caching": True,
-        "eviction": "lru",
+        "eviction": "arc",
         "hash_seed": None,
         "verify_tokens": False,
         "pin_budget_blocks": None,

@@ -18,9 +18,9 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``kv_lora_rank`` / ``rope_dim``: latent widths (512 / 64 for DeepSeek);
 /// - ``dtype``: ``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"`` or ``"nvfp4_ds_mla"``;
 /// - ``enable_prefix_caching``: share full blocks between requests by hash;
-/// - ``eviction``: order in which cached free blocks are reused: ``"lru"``
-///   (vLLM's), ``"arc"``, ``"residency"``, ``"adaptive"`` or ``"return_time"``
-///   (see the README);
+/// - ``eviction``: order in which cached free blocks are reused: ``"arc"``
+///   (the default, best on real traffic), ``"lru"`` (vLLM's),
+///   ``"residency"``, ``"adaptive"`` or ``"return_time"`` (see the README);
 /// - ``hash_seed``: seed of the block hash chain, random when ``None``;
 ///   under an engine ``block_hash`` it plays vLLM's ``PYTHONHASHSEED``;
 /// - ``block_hash``: ``"xxh3"`` (the library's own), or vLLM 0.33's
@@ -49,7 +49,7 @@ impl CacheConfig {
         rope_dim = 64,
         dtype = "bf16",
         enable_prefix_caching = true,
-        eviction = "lru",
+        eviction = "arc",
         hash_seed = None,
         verify_tokens = false,
         pin_budget_blocks = None,

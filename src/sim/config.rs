@@ -80,15 +80,15 @@ pub struct SimConfig {
 }
 
 impl Default for SimConfig {
-    /// DeepSeek-V3 in fp8_ds_mla, 16,384 blocks of 64, LRU, 40 ms per output
-    /// token, instantaneous prefill.
+    /// DeepSeek-V3 in fp8_ds_mla, 16,384 blocks of 64, the default eviction
+    /// policy (ARC), 40 ms per output token, instantaneous prefill.
     fn default() -> Self {
         Self {
             model: ModelGeometry::DEEPSEEK_V3.name.to_string(),
             dtype: Dtype::Fp8DsMla,
             num_blocks: 16_384,
             block_size: CacheConfig::DEFAULT_BLOCK_SIZE,
-            eviction: EvictionPolicyKind::Lru,
+            eviction: EvictionPolicyKind::default(),
             tpot_ns: 40 * NS_PER_MS,
             prefill_ns_per_token: 0,
             hash_seed: 0,

@@ -59,7 +59,7 @@ static void test_config(void) {
     OK(mla_config_get(config, &info));
     CHECK(info.num_layers == 61 && info.kv_lora_rank == 512 && info.rope_dim == 64);
     CHECK(info.dtype == MLA_DTYPE_FP8_DS_MLA && info.block_size == 64);
-    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_LRU);
+    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ARC);
     CHECK(info.block_hash == MLA_BLOCK_HASH_KIND_XXH3);
     CHECK(info.enable_prefix_caching && info.cap_hit_at_last_token);
     CHECK(!info.has_hash_seed && !info.has_pin_budget_blocks && !info.verify_tokens);

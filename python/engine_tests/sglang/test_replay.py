@@ -32,7 +32,7 @@ def test_replay_matches_simulate(tmp_path, workload, conversations, blocks):
     trace = tmp_path / "trace.jsonl"
     cmd = [str(BINARY), "simulate", "--json", "--workload", workload,
            "--conversations", str(conversations), "--blocks", str(blocks),
-           "--save-trace", str(trace)]  # fmt: skip
+           "--save-trace", str(trace), "--eviction", Settings.eviction]  # fmt: skip
     sim = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     ours = Replay(parse_trace(trace.read_text()), Settings(num_blocks=blocks)).run()
     assert {k: ours[k] for k in PREFIX_FIELDS} == {k: sim[k] for k in PREFIX_FIELDS}
