@@ -4,45 +4,21 @@ trips against real servers are tested inside the engines.)"""
 
 from __future__ import annotations
 
-import socket
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mla_cache
 
+# The listener that never answers, shared with the engine tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine_tests"))
+from redis_servers import SilentServer  # noqa: E402
+
 LAYERS, TOKENS = 2, 4
 CHUNK = LAYERS * TOKENS * 1152
-
-
-class SilentServer:
-    """Accepts connections on 127.0.0.1 and never answers."""
-
-    def __enter__(self) -> str:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.05)
-        self.stop = threading.Event()
-        self.accepted: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-        return f"redis://127.0.0.1:{self.sock.getsockname()[1]}/"
-
-    def _accept(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self.accepted.append(self.sock.accept()[0])
-            except OSError:
-                pass
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-        self.sock.close()
-        for c in self.accepted:
-            c.close()
 
 
 def transfers(remote: str, region: np.ndarray) -> mla_cache.ChunkTransfers:

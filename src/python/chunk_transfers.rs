@@ -60,6 +60,18 @@ impl ChunkTransfers {
             None => Err(PyRuntimeError::new_err("the chunk transfers are closed")),
         }
     }
+
+    /// Runs `f` on the transfers with the job's keys and chunks read from
+    /// Python, its errors raised as Python's.
+    fn with_job<T>(
+        &self,
+        keys: &Bound<'_, PyAny>,
+        chunks: &Bound<'_, PyAny>,
+        f: impl FnOnce(&remote::ChunkTransfers, Vec<BlockHash>, Vec<usize>) -> crate::Result<T>,
+    ) -> PyResult<T> {
+        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
+        self.with(|t| f(t, keys, chunks).map_err(errors::to_py))
+    }
 }
 
 /// Keys as block hashes: bytes, or str (its UTF-8 bytes).
@@ -192,8 +204,7 @@ impl ChunkTransfers {
         keys: &Bound<'_, PyAny>,
         chunks: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
-        self.with(|t| t.submit_load(job, keys, chunks).map_err(errors::to_py))
+        self.with_job(keys, chunks, |t, k, c| t.submit_load(job, k, c))
     }
 
     /// Queues job ``job``: store chunk ``chunks[i]`` as ``keys[i]``, skipping
@@ -204,8 +215,7 @@ impl ChunkTransfers {
         keys: &Bound<'_, PyAny>,
         chunks: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
-        self.with(|t| t.submit_store(job, keys, chunks).map_err(errors::to_py))
+        self.with_job(keys, chunks, |t, k, c| t.submit_store(job, k, c))
     }
 
     /// Loads ``keys[i]`` into chunk ``chunks[i]`` and waits for it (bounded
@@ -218,11 +228,8 @@ impl ChunkTransfers {
         keys: &Bound<'_, PyAny>,
         chunks: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
-        self.with(|t| {
-            py.detach(|| t.load(keys, chunks))
-                .map(|f| f.done)
-                .map_err(errors::to_py)
+        self.with_job(keys, chunks, |t, k, c| {
+            py.detach(|| t.load(k, c)).map(|f| f.done)
         })
     }
 
@@ -235,11 +242,8 @@ impl ChunkTransfers {
         keys: &Bound<'_, PyAny>,
         chunks: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        let (keys, chunks) = (hashes(keys)?, chunk_ids(chunks)?);
-        self.with(|t| {
-            py.detach(|| t.store(keys, chunks))
-                .map(|f| f.success())
-                .map_err(errors::to_py)
+        self.with_job(keys, chunks, |t, k, c| {
+            py.detach(|| t.store(k, c)).map(|f| f.success())
         })
     }
 
