@@ -209,21 +209,10 @@ enum MlaEvictionPolicyKind
      */
     MLA_EVICTION_POLICY_KIND_LRU = 0,
     /**
-     * Adaptive replacement: blocks seen once vs reused, with ghost lists.
+     * Adaptive replacement: blocks seen once vs reused, with ghost lists
+     * (the default).
      */
     MLA_EVICTION_POLICY_KIND_ARC = 1,
-    /**
-     * Residency: requests that mostly hit keep their new blocks, others' go first.
-     */
-    MLA_EVICTION_POLICY_KIND_RESIDENCY = 2,
-    /**
-     * ARC or residency, whichever hits more on sampled shadow caches.
-     */
-    MLA_EVICTION_POLICY_KIND_ADAPTIVE = 3,
-    /**
-     * Ranks blocks by when their chain is expected back, learned online.
-     */
-    MLA_EVICTION_POLICY_KIND_RETURN_TIME = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

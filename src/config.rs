@@ -5,6 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
+pub use crate::policy::EvictionPolicyKind;
 
 /// Storage format of one cached latent (one token of one layer).
 ///
@@ -125,68 +126,9 @@ impl FromStr for Dtype {
     }
 }
 
-/// Which cached free blocks are evicted first.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Default,
-    strum::IntoStaticStr,
-    strum::EnumCount,
-    strum::VariantArray,
-    strum::Display,
-)]
-#[strum(serialize_all = "snake_case")]
-#[repr(C)]
-pub enum EvictionPolicyKind {
-    /// Least recently freed first (vLLM's order; the engine adapters'
-    /// default).
-    Lru = 0,
-    /// Adaptive replacement (ARC): blocks seen once are evicted before reused
-    /// ones, with a split learned online from ghost lists of evicted hashes.
-    /// The default: the best policy on real multi-turn serving traffic.
-    #[default]
-    Arc = 1,
-    /// Residency: requests that find at least half their prompt cached keep
-    /// their new blocks; other requests' blocks are evicted first, except one
-    /// request in 32. Keeps a stable share of sessions that all return later
-    /// than the cache turns over; loses to LRU on traffic without such loops.
-    Residency = 2,
-    /// `arc` or `residency`, whichever hits more on two small shadow caches
-    /// of sampled blocks, chosen online.
-    Adaptive = 3,
-    /// Return time: ranks cached blocks by when their chain is expected
-    /// back, learned online (see `docs/eviction.md`).
-    ReturnTime = 4,
-}
-
-impl EvictionPolicyKind {
-    /// Every policy, in declaration order: strum's `VARIANTS` as an array.
-    pub const ALL: [EvictionPolicyKind; <EvictionPolicyKind as strum::EnumCount>::COUNT] =
-        *<Self as strum::VariantArray>::VARIANTS
-            .first_chunk()
-            .expect("strum lists COUNT variants");
-
-    /// The policy's name as used by the CLI, Python and C surfaces.
-    pub fn name(self) -> &'static str {
-        self.into()
-    }
-}
-
-impl FromStr for EvictionPolicyKind {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        from_name(s, "eviction policy")
-    }
-}
-
 /// Finds the variant of the name (case ignored) strum derives, listing the
 /// names in the error.
-fn from_name<T>(s: &str, what: &str) -> Result<T>
+pub(crate) fn from_name<T>(s: &str, what: &str) -> Result<T>
 where
     T: strum::VariantArray + Copy + Into<&'static str>,
 {

@@ -62,7 +62,6 @@ mod prefix_cache;
 pub mod publish;
 #[cfg(feature = "python")]
 mod python;
-pub mod sim;
 mod stats;
 pub mod store;
 mod sync;

@@ -1,8 +1,8 @@
 //! Value parsers shared by the commands.
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use mla_cache::sim::units::parse_bytes;
 use mla_cache::{Dtype, EvictionPolicyKind, ModelGeometry};
+use mla_cache_sim::units::parse_bytes;
 
 /// A byte size such as `40GiB`, `512MiB` or `80GB`.
 pub fn bytes(s: &str) -> Result<u64, String> {

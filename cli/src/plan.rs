@@ -8,8 +8,8 @@
 //! head on `tp / groups` ranks).
 
 use clap::Args;
-use mla_cache::sim::units::{format_bytes, thousands};
 use mla_cache::{CacheConfig, Dtype, ModelGeometry};
+use mla_cache_sim::units::{format_bytes, thousands};
 use serde::Serialize;
 
 use crate::args;

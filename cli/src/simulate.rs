@@ -1,6 +1,6 @@
 //! `mla-cache simulate`: replay a workload through the block manager.
 
-use mla_cache::sim::simulate;
+use mla_cache_sim::simulate;
 
 use crate::progress::progress_bar;
 use crate::simulate_args::SimulateArgs;

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use mla_cache::sim::SimRemoteTier;
-use mla_cache::sim::{
-    generate_mix, generated_workload, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
-};
 use mla_cache::tier::WritePolicy;
 use mla_cache::{CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry};
+use mla_cache_sim::SimRemoteTier;
+use mla_cache_sim::{
+    generate_mix, generated_workload, OnMalformed, SimConfig, Trace, MOONCAKE_SYNTHETIC_TRACE,
+};
 
 use crate::args;
 

@@ -10,18 +10,18 @@
 //!
 //! Every policy is replayed through the manager (the event-driven
 //! simulation) and through the cache-only model, whose offline optimum
-//! (Belady, see `mla_cache::sim::belady`) bounds what any policy of that
+//! (Belady, see `mla_cache_sim::belady`) bounds what any policy of that
 //! model can hit.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use mla_cache::sim::units::{format_bytes, gib, thousands};
-use mla_cache::sim::{
+use mla_cache::{Dtype, EvictionPolicyKind};
+use mla_cache_sim::units::{format_bytes, gib, thousands};
+use mla_cache_sim::{
     belady, cache_only, simulate, BlockKeys, CacheModelReport, SimConfig, SimReport, Trace,
 };
-use mla_cache::{Dtype, EvictionPolicyKind};
 
 use crate::plot::{Chart, Marker, Series};
 use crate::progress::progress_bar;
@@ -42,14 +42,15 @@ fn color(dtype: Dtype) -> &'static str {
     }
 }
 
+/// Plot colours of the policies' curves, by their place in the registry.
+const POLICY_COLORS: [&str; 6] = [
+    "#8c564b", "#9467bd", "#17becf", "#ff7f0e", "#2ca02c", "#e377c2",
+];
+
 /// Plot colour of each policy's curve and of the bound (configured format).
 fn policy_color(policy: Option<EvictionPolicyKind>) -> &'static str {
     match policy {
-        Some(EvictionPolicyKind::Lru) => "#8c564b",
-        Some(EvictionPolicyKind::Arc) => "#9467bd",
-        Some(EvictionPolicyKind::Residency) => "#17becf",
-        Some(EvictionPolicyKind::Adaptive) => "#ff7f0e",
-        Some(EvictionPolicyKind::ReturnTime) => "#2ca02c",
+        Some(p) => POLICY_COLORS[p as usize % POLICY_COLORS.len()],
         None => "#000000",
     }
 }

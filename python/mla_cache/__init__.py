@@ -7,9 +7,7 @@ MLA caches one latent per token and layer: ``kv_lora_rank`` compressed values
   presets (``CacheConfig.preset("deepseek-v3", num_blocks=..., dtype=...)``).
 - :class:`BlockManager`: block allocation, prefix sharing by chained block
   hashes, copy-on-write for forked requests, pinning, and eviction by ARC
-  (the default, best on real traffic), LRU (vLLM's order), residency,
-  ``"adaptive"`` (ARC or residency, chosen online) or ``"return_time"`` (by
-  when a chain is expected back); thread-safe.
+  (the default, best on real traffic) or LRU (vLLM's order); thread-safe.
 - :class:`PrefixCache`: the same prefix cache over block ids the caller
   allocates and frees (SGLang's model): insert, match, lock, evict.
 - :class:`LatentStore`: the latents of every layer on the host or a GPU in

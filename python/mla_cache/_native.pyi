@@ -114,7 +114,7 @@ class CacheConfig:
         """Whether full blocks are shared between requests by prefix hash."""
     @property
     def eviction(self) -> str:
-        """Eviction policy name: ``"lru"``, ``"arc"``, ``"residency"``, ``"adaptive"`` or ``"return_time"``."""
+        """Eviction policy name, one of ``EVICTION_POLICIES``: ``"arc"`` (the default) or ``"lru"``."""
     @property
     def hash_seed(self) -> Optional[int]:
         """Seed of the block hash chain (``None``: random per manager)."""

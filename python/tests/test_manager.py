@@ -427,7 +427,7 @@ def test_evict_and_evictable_blocks(manager):
     manager._check_invariants()
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc", "residency", "adaptive", "return_time"])
+@pytest.mark.parametrize("policy", mla_cache.EVICTION_POLICIES)
 def test_every_eviction_policy_keeps_a_reused_prefix_through_one_offs(policy):
     config = mla_cache.CacheConfig(num_blocks=8, block_size=BS, eviction=policy, hash_seed=3)
     assert config.eviction == policy

@@ -74,23 +74,12 @@ mirror_enum!(Dtype <=> MlaDtype { Bf16, Fp8DsMla, Mxfp6, Nvfp4DsMla });
 pub enum MlaEvictionPolicyKind {
     /// Least recently freed first (vLLM's order).
     Lru = 0,
-    /// Adaptive replacement: blocks seen once vs reused, with ghost lists.
+    /// Adaptive replacement: blocks seen once vs reused, with ghost lists
+    /// (the default).
     Arc = 1,
-    /// Residency: requests that mostly hit keep their new blocks, others' go first.
-    Residency = 2,
-    /// ARC or residency, whichever hits more on sampled shadow caches.
-    Adaptive = 3,
-    /// Ranks blocks by when their chain is expected back, learned online.
-    ReturnTime = 4,
 }
 
-mirror_enum!(EvictionPolicyKind <=> MlaEvictionPolicyKind {
-    Lru,
-    Arc,
-    Residency,
-    Adaptive,
-    ReturnTime
-});
+mirror_enum!(EvictionPolicyKind <=> MlaEvictionPolicyKind { Lru, Arc });
 
 /// How block hashes are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

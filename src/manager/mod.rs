@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::events::CacheEvent;
 use crate::hash::{BlockHash, Chain, ExtraKeys, KeyDigest};
 use crate::ids::{BlockId, RequestId, TokenId};
-use crate::policy::{self, EvictionPolicy, Retention};
+use crate::policy::{EvictionPolicy, Retention};
 use crate::prefix_cache::{fill_step, CacheState, Prefixes};
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
@@ -107,7 +107,7 @@ impl BlockManager {
     /// A manager for `config`, with the policy the config names.
     pub fn new(config: CacheConfig) -> Result<Self> {
         config.validate()?;
-        let policy = policy::build(config.eviction, config.num_blocks)?;
+        let policy = config.eviction.build(config.num_blocks)?;
         Self::with_policy(config, policy)
     }
 

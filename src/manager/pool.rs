@@ -153,7 +153,7 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::config::CacheConfig;
-    use crate::policy::{self, Retention};
+    use crate::policy::Retention;
 
     const BS: usize = 4;
 
@@ -167,7 +167,7 @@ mod tests {
         let mut config = CacheConfig::new(num_blocks);
         config.block_size = BS;
         config.hash_seed = Some(1);
-        let policy = policy::build(config.eviction, num_blocks).unwrap();
+        let policy = config.eviction.build(num_blocks).unwrap();
         Fixture {
             prefixes: Prefixes::new(&config),
             cache: CacheState::new(num_blocks, policy).unwrap(),

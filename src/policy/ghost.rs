@@ -1,5 +1,5 @@
 //! Ghost lists: the fingerprints of recently evicted blocks, two lists in
-//! one compact table, each fingerprint with a mark of the caller's.
+//! one compact table.
 
 use crate::alloc::filled;
 use crate::error::Result;
@@ -23,28 +23,17 @@ const LIFE: u32 = 256;
 /// a life).
 const GEN_BITS: u32 = 11;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-/// Bits of an entry's tag (the rest of the 64 bits: mark 1, list 1,
-/// generation 11).
-const TAG_BITS: u32 = 51;
+/// Bits of an entry's tag (the rest of the 64 bits: list 1, generation 11).
+const TAG_BITS: u32 = 52;
 /// Where an entry's list bit begins.
 const LIST_SHIFT: u32 = GEN_BITS;
-/// Where an entry's mark bit begins.
-const MARK_SHIFT: u32 = GEN_BITS + 1;
 /// Where an entry's tag begins.
-const TAG_SHIFT: u32 = GEN_BITS + 2;
+const TAG_SHIFT: u32 = GEN_BITS + 1;
 /// Entries per bucket: two 64-byte cache lines.
 const WAYS: usize = 16;
 
-/// One way of a bucket: tag, mark, list and generation.
+/// One way of a bucket: tag, list and generation.
 type Entry = u64;
-
-/// A fingerprint [`GhostLists::take`] found: the list that remembered it,
-/// and the mark it was pushed with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Ghost {
-    pub(crate) list: usize,
-    pub(crate) marked: bool,
-}
 
 /// Two ghost lists: each remembers about the last `capacity` fingerprints
 /// pushed to it, and `take` finds a fingerprint in either in one bucket
@@ -52,7 +41,7 @@ pub(crate) struct Ghost {
 ///
 /// ```text
 ///   bucket = fingerprint * golden >> shift        (16 ways of 8 bytes: two cache lines)
-///   entry  = tag: fingerprint * other >> 13 | mark | list | generation: 11 bits
+///   entry  = tag: fingerprint * other >> 12 | list | generation: 11 bits
 ///   live   = generations[list] - generation < life (256)   (older entries expire)
 /// ```
 ///
@@ -67,11 +56,10 @@ pub(crate) struct Ghost {
 /// the least life left, so a fingerprint can be forgotten early; buckets
 /// are a quarter full on average, so that is rare (it matters: losing old
 /// ghosts of the busier list starves ARC of the returns it learns from).
-/// A false match needs a tag collision within one bucket (51 bits, the
-/// lowest forced to 1): none in practice. (With 20-bit tags, 1 lookup in
-/// 250,000 matched falsely: a few dozen in a long replay, different ones
-/// for each hash seed, which moved the hit rate of `adaptive`'s real cache
-/// by 2% or more.) Memory is fixed
+/// A false match needs a tag collision within one bucket (52 bits, the
+/// lowest forced to 1): none in practice, which matters because a false
+/// match moves ARC's split (short tags, 20 bits, matched falsely once in
+/// 250,000 lookups and moved hit rates by whole percents). Memory is fixed
 /// at construction: a bucket of 16 ways per two fingerprints a list holds
 /// (rounded up to a power of two), so 32 to 64 bytes per fingerprint
 /// remembered.
@@ -178,8 +166,8 @@ impl GhostLists {
     }
 
     /// Clears way `way` of bucket `b`; a live entry is counted out, and
-    /// returned.
-    fn clear(&mut self, b: usize, way: usize) -> Option<Ghost> {
+    /// its list returned.
+    fn clear(&mut self, b: usize, way: usize) -> Option<usize> {
         let entry = std::mem::take(&mut self.buckets[b].0[way]);
         let (list, age) = self.live(entry)?;
         // Saturating: counts stay sane even if an entry outlived eight
@@ -189,10 +177,7 @@ impl GhostLists {
         let born = &mut self.born[list][slot];
         *born = born.saturating_sub(1);
         self.len[list] = self.len[list].saturating_sub(1);
-        Some(Ghost {
-            list,
-            marked: entry >> MARK_SHIFT & 1 == 1,
-        })
+        Some(list)
     }
 
     /// Starts loading `fp`'s bucket into the cache, so that a `take` or
@@ -214,8 +199,8 @@ impl GhostLists {
         std::hint::black_box((ways[0], ways[WAYS / 2]));
     }
 
-    /// Remembers `fp` in list `list`, as its newest entry, with `marked`.
-    pub(crate) fn push(&mut self, list: usize, fp: u64, marked: bool) {
+    /// Remembers `fp` in list `list`, as its newest entry.
+    pub(crate) fn push(&mut self, list: usize, fp: u64) {
         // A new generation: the one a life before it expires.
         if self.to_next_generation[list] == 0 {
             self.to_next_generation[list] = self.generation_len;
@@ -242,17 +227,15 @@ impl GhostLists {
         });
         self.clear(b, way);
         let generation = self.generations[list] & GEN_MASK;
-        self.buckets[b].0[way] = tag << TAG_SHIFT
-            | Entry::from(marked) << MARK_SHIFT
-            | (list as Entry) << LIST_SHIFT
-            | Entry::from(generation);
+        self.buckets[b].0[way] =
+            tag << TAG_SHIFT | (list as Entry) << LIST_SHIFT | Entry::from(generation);
         let slot = self.born_slot(list, 0);
         self.born[list][slot] += 1;
         self.len[list] += 1;
     }
 
-    /// Forgets `fp`; returns the list that remembered it, and its mark.
-    pub(crate) fn take(&mut self, fp: u64) -> Option<Ghost> {
+    /// Forgets `fp`; returns the list that remembered it.
+    pub(crate) fn take(&mut self, fp: u64) -> Option<usize> {
         let b = self.bucket(fp);
         let tag = Self::tag(fp);
         let way = self.way_of(b, tag)?;
@@ -266,7 +249,7 @@ mod tests {
 
     /// Takes `f` from `g`: the list that remembered it.
     fn list(g: &mut GhostLists, f: u64) -> Option<usize> {
-        g.take(f).map(|ghost| ghost.list)
+        g.take(f)
     }
 
     /// The first `n` fingerprints, split into those in the first one's
@@ -287,17 +270,17 @@ mod tests {
         let mut g = GhostLists::new(3).unwrap();
         let f: Vec<u64> = (0..7).map(fp).collect();
         for &x in &f[..4] {
-            g.push(0, x, false);
+            g.push(0, x);
         }
-        g.push(1, f[6], false);
+        g.push(1, f[6]);
         assert_eq!((g.len(0), g.len(1)), (3, 1));
         assert_eq!(list(&mut g, f[0]), None, "the oldest expired");
         assert_eq!(list(&mut g, f[1]), Some(0));
         assert_eq!(list(&mut g, f[1]), None);
         assert_eq!(list(&mut g, f[6]), Some(1));
         assert_eq!((g.len(0), g.len(1)), (2, 0));
-        g.push(0, f[4], false); // expires f[1], taken already
-        g.push(0, f[5], false); // expires f[2]
+        g.push(0, f[4]); // expires f[1], taken already
+        g.push(0, f[5]); // expires f[2]
         assert_eq!(list(&mut g, f[2]), None);
         assert_eq!(
             [list(&mut g, f[3]), list(&mut g, f[4]), list(&mut g, f[5])],
@@ -310,12 +293,12 @@ mod tests {
     fn a_second_sighting_moves_the_fingerprint() {
         let mut g = GhostLists::new(2).unwrap();
         let f: Vec<u64> = (0..4).map(fp).collect();
-        g.push(0, f[0], false);
-        g.push(1, f[0], false);
+        g.push(0, f[0]);
+        g.push(1, f[0]);
         assert_eq!((g.len(0), g.len(1)), (0, 1));
         // List 0 turns over; f[0] lives on in list 1.
         for &x in &f[1..] {
-            g.push(0, x, false);
+            g.push(0, x);
         }
         assert_eq!(list(&mut g, f[0]), Some(1));
     }
@@ -324,12 +307,12 @@ mod tests {
     fn a_full_bucket_gives_up_the_entry_with_least_life() {
         let mut g = GhostLists::new(64).unwrap();
         let (same, others) = by_bucket_of_the_first(&g, 2000);
-        g.push(1, same[0], false);
+        g.push(1, same[0]);
         for &f in &others[..60] {
-            g.push(1, f, false); // list 1 ages: same[0] has 4 pushes to live
+            g.push(1, f); // list 1 ages: same[0] has 4 pushes to live
         }
         for &f in &same[1..=WAYS] {
-            g.push(0, f, false); // the last one finds the bucket full
+            g.push(0, f); // the last one finds the bucket full
         }
         assert_eq!(list(&mut g, same[0]), None);
         assert!(same[1..=WAYS].iter().all(|&f| list(&mut g, f) == Some(0)));
@@ -343,7 +326,7 @@ mod tests {
         // the fingerprint: every one of these matched).
         let mut g = GhostLists::new(64).unwrap();
         let pushed = fp(7);
-        g.push(0, pushed, false);
+        g.push(0, pushed);
         let twins: Vec<u64> = (1..4000u64)
             .map(|k| pushed ^ k << 13)
             .filter(|&f| g.bucket(f) == g.bucket(pushed))
@@ -354,26 +337,11 @@ mod tests {
     }
 
     #[test]
-    fn a_ghost_keeps_the_mark_of_its_last_push() {
-        let mut g = GhostLists::new(8).unwrap();
-        let f: Vec<u64> = (0..3).map(fp).collect();
-        g.push(0, f[0], true);
-        g.push(1, f[1], false);
-        g.push(1, f[2], true);
-        g.push(0, f[2], false); // a second sighting replaces the mark too
-        let ghost = |list, marked| Some(Ghost { list, marked });
-        assert_eq!(g.take(f[0]), ghost(0, true));
-        assert_eq!(g.take(f[1]), ghost(1, false));
-        assert_eq!(g.take(f[2]), ghost(0, false));
-        assert_eq!(g.take(f[2]), None);
-    }
-
-    #[test]
     fn a_large_table_remembers_almost_every_live_entry() {
         let n = 10_000;
         let mut g = GhostLists::new(n).unwrap();
         for i in 0..3 * n as u64 {
-            g.push((i % 2) as usize, fp(i), false);
+            g.push((i % 2) as usize, fp(i));
         }
         // The last 2n pushes alternate between the lists: all live.
         let found = (n as u64..3 * n as u64)
@@ -410,7 +378,7 @@ mod tests {
                     // A recent push of either list (or one long expired).
                     g.take(fp(step.saturating_sub(x >> 40 & 2047)));
                 }
-                _ => g.push(list, fp(step), false),
+                _ => g.push(list, fp(step)),
             }
             if step % 97 == 0 {
                 for list in 0..2 {
@@ -431,10 +399,10 @@ mod tests {
             (1023, 1020, false),
         ] {
             let mut g = GhostLists::new(capacity).unwrap();
-            g.push(0, fp(0), false);
+            g.push(0, fp(0));
             for i in 1..=later {
-                g.push(0, fp(i), false);
-                g.push(1, fp(1 << 20 | i), false); // the other list does not age it
+                g.push(0, fp(i));
+                g.push(1, fp(1 << 20 | i)); // the other list does not age it
             }
             assert_eq!(list(&mut g, fp(0)).is_some(), alive, "{later} pushes later");
         }
@@ -445,15 +413,15 @@ mod tests {
         // 64 per list: a generation a push, wrapping after 2,048.
         let mut g = GhostLists::new(64).unwrap();
         let (same, others) = by_bucket_of_the_first(&g, 4000);
-        g.push(0, same[0], false);
-        g.push(0, same[1], false); // way 1, after way 0 is emptied
+        g.push(0, same[0]);
+        g.push(0, same[1]); // way 1, after way 0 is emptied
         list(&mut g, same[0]);
         for &f in &others[..64] {
-            g.push(0, f, false); // same[1] expires
+            g.push(0, f); // same[1] expires
         }
-        g.push(0, same[2], false); // into way 0, clearing same[1]
+        g.push(0, same[2]); // into way 0, clearing same[1]
         for &f in &others[64..2050] {
-            g.push(0, f, false); // same[1]'s generation comes round again
+            g.push(0, f); // same[1]'s generation comes round again
         }
         assert_eq!(list(&mut g, same[1]), None);
     }

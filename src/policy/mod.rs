@@ -10,10 +10,12 @@
 //! | policy | module | rule |
 //! |---|---|---|
 //! | `lru` | [`lru`] | least recently freed first (vLLM) |
-//! | `arc` | [`once_reused`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
-//! | `residency` | [`once_reused`] | the same lists; requests that mostly hit keep their new blocks, others' go first, kept blocks past a learned horizon before all |
-//! | `adaptive` | [`adaptive`] | `arc` or `residency`, whichever hits more on sampled shadow caches |
-//! | `return_time` | [`return_time`] | the chain expected back last first: by turns, coldness and learned return ages |
+//! | `arc` | [`arc`] | adaptive replacement: blocks used once vs reused, ghost-tuned split |
+//!
+//! [`EvictionPolicyKind`] is the registry: a policy is its own file, a
+//! variant there and an arm of [`EvictionPolicyKind::build`]; every surface
+//! (the C enum, Python's names, the CLI, the SGLang backend) lists the
+//! variants.
 //!
 //! The lifecycle of a block, as the policy sees it:
 //!
@@ -27,26 +29,76 @@
 //!              in use or free (then after remove(b)); it is as if never stored.
 //! ```
 
-mod adaptive;
+mod arc;
 mod ghost;
-mod kept_evictions;
 mod lru;
-mod near_returns;
-mod once_reused;
-mod return_ages;
-mod return_time;
-mod turn_density;
 
 use std::fmt;
+use std::str::FromStr;
 
-pub(crate) use adaptive::Adaptive;
+use arc::Arc;
 pub(crate) use lru::Lru;
-pub(crate) use once_reused::{OnceReused, Rule};
-pub(crate) use return_time::ReturnTime;
 
-use crate::config::EvictionPolicyKind;
+use crate::error::{Error, Result};
 use crate::hash::BlockHash;
 use crate::ids::BlockId;
+
+/// Which cached free blocks are evicted first.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    strum::IntoStaticStr,
+    strum::EnumCount,
+    strum::VariantArray,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+#[repr(C)]
+pub enum EvictionPolicyKind {
+    /// Least recently freed first (vLLM's order; the engine adapters'
+    /// default).
+    Lru = 0,
+    /// Adaptive replacement (ARC): blocks seen once are evicted before reused
+    /// ones, with a split learned online from ghost lists of evicted hashes.
+    /// The default: the best policy on real multi-turn serving traffic.
+    #[default]
+    Arc = 1,
+}
+
+impl EvictionPolicyKind {
+    /// Every policy, in declaration order: strum's `VARIANTS` as an array.
+    pub const ALL: [EvictionPolicyKind; <EvictionPolicyKind as strum::EnumCount>::COUNT] =
+        *<Self as strum::VariantArray>::VARIANTS
+            .first_chunk()
+            .expect("strum lists COUNT variants");
+
+    /// The policy's name as used by the CLI, Python and C surfaces.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
+    /// A new policy of this kind over a cache of `num_blocks` blocks, empty.
+    /// Fails with [`Error::OutOfMemory`] when its arrays cannot be allocated.
+    pub fn build(self, num_blocks: usize) -> Result<Box<dyn EvictionPolicy>> {
+        Ok(match self {
+            EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)?),
+            EvictionPolicyKind::Arc => Box::new(Arc::new(num_blocks)?),
+        })
+    }
+}
+
+impl FromStr for EvictionPolicyKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        crate::config::from_name(s, "eviction policy")
+    }
+}
 
 /// How the blocks a request stores are kept, as its policy decided when the
 /// request was admitted ([`EvictionPolicy::on_request`]).
@@ -148,21 +200,6 @@ pub trait EvictionPolicy: Send + fmt::Debug {
     }
 }
 
-/// The policy `kind` names, for a cache of `num_blocks` blocks.
-/// Fails with [`crate::Error::OutOfMemory`] when its arrays cannot be allocated.
-pub(crate) fn build(
-    kind: EvictionPolicyKind,
-    num_blocks: usize,
-) -> crate::Result<Box<dyn EvictionPolicy>> {
-    Ok(match kind {
-        EvictionPolicyKind::Lru => Box::new(Lru::new(num_blocks)?),
-        EvictionPolicyKind::Arc => Box::new(OnceReused::new(num_blocks, Rule::Arc)?),
-        EvictionPolicyKind::Residency => Box::new(OnceReused::new(num_blocks, Rule::Residency)?),
-        EvictionPolicyKind::Adaptive => Box::new(Adaptive::new(num_blocks)?),
-        EvictionPolicyKind::ReturnTime => Box::new(ReturnTime::new(num_blocks)?),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -208,7 +245,7 @@ mod tests {
 
     impl Twin {
         fn new(kind: EvictionPolicyKind) -> Self {
-            Twin(build(kind, BLOCKS).unwrap(), build(kind, BLOCKS).unwrap())
+            Twin(kind.build(BLOCKS).unwrap(), kind.build(BLOCKS).unwrap())
         }
 
         /// Victims by `evict_many(n)` of one (appended to what `out` holds

@@ -22,7 +22,6 @@ use crate::events::CacheEvent;
 use crate::hash::ExtraKeys;
 use crate::ids::{BlockId, TokenId};
 use crate::index::PrefixIndex;
-use crate::policy;
 use crate::stats::CacheStats;
 use crate::sync::Mutex;
 
@@ -102,7 +101,7 @@ impl PrefixCache {
                 "a prefix cache needs enable_prefix_caching".into(),
             ));
         }
-        let policy = policy::build(config.eviction, config.num_blocks)?;
+        let policy = config.eviction.build(config.num_blocks)?;
         Ok(Self {
             prefixes: Prefixes::new(&config),
             state: Mutex::new(CacheState::new(config.num_blocks, policy)?),

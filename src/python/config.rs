@@ -19,8 +19,8 @@ use crate::config::{self, Dtype, EvictionPolicyKind, ModelGeometry};
 /// - ``dtype``: ``"bf16"``, ``"fp8_ds_mla"``, ``"mxfp6"`` or ``"nvfp4_ds_mla"``;
 /// - ``enable_prefix_caching``: share full blocks between requests by hash;
 /// - ``eviction``: order in which cached free blocks are reused: ``"arc"``
-///   (the default, best on real traffic), ``"lru"`` (vLLM's),
-///   ``"residency"``, ``"adaptive"`` or ``"return_time"`` (see the README);
+///   (the default, best on real traffic) or ``"lru"`` (vLLM's); every name
+///   is in ``mla_cache.EVICTION_POLICIES``;
 /// - ``hash_seed``: seed of the block hash chain, random when ``None``;
 ///   under an engine ``block_hash`` it plays vLLM's ``PYTHONHASHSEED``;
 /// - ``block_hash``: ``"xxh3"`` (the library's own), or vLLM 0.33's

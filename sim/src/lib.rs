@@ -9,7 +9,7 @@
 //! ```
 //!
 //! ```
-//! use mla_cache::sim::{simulate, OnMalformed, SimConfig, Trace};
+//! use mla_cache_sim::{simulate, OnMalformed, SimConfig, Trace};
 //!
 //! let trace = Trace::parse(
 //!     "{\"timestamp\": 0, \"input_length\": 2048, \"output_length\": 8, \"hash_ids\": [1, 2, 3, 4]}\n\

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::tier::remote::{BlockFormat, RemoteBackend, SimRemote};
-use crate::tier::{
+use mla_cache::tier::remote::{BlockFormat, RemoteBackend, SimRemote};
+use mla_cache::tier::{
     redis_backend, BookkeepingOnly, HostTier, RemoteOptions, RemoteTier, TierOptions, TieredCache,
     WritePolicy,
 };
-use crate::{BlockManager, CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry, Result};
+use mla_cache::{BlockManager, CacheConfig, Dtype, EvictionPolicyKind, ModelGeometry, Result};
 
 /// The remote tier of a simulation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 use super::config::{SimConfig, NS_PER_MS};
 use super::report::{Distribution, ManagerCost, SimReport};
 use super::trace::TraceRequest;
-use crate::tier::{TierHits, TieredCache};
-use crate::{AdmitOptions, Error, RequestId, Result, TokenId};
+use mla_cache::tier::{TierHits, TieredCache};
+use mla_cache::{AdmitOptions, Error, RequestId, Result, TokenId};
 
 /// Counts manager calls and the time spent inside them, nothing else.
 #[derive(Default)]
@@ -306,8 +306,8 @@ impl Sim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::trace::{OnMalformed, Trace};
-    use crate::sim::SimRemoteTier;
+    use crate::trace::{OnMalformed, Trace};
+    use crate::SimRemoteTier;
 
     fn request(
         timestamp: u64,

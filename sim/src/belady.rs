@@ -100,9 +100,9 @@ pub fn belady(keys: &BlockKeys, num_blocks: usize) -> CacheModelReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::cache_model::cache_only;
-    use crate::sim::trace::TraceRequest;
-    use crate::EvictionPolicyKind;
+    use crate::cache_model::cache_only;
+    use crate::trace::TraceRequest;
+    use mla_cache::EvictionPolicyKind;
 
     fn req(input_length: usize, hash_ids: &[u64]) -> TraceRequest {
         TraceRequest {
@@ -141,7 +141,7 @@ mod tests {
 
     #[test]
     fn the_bound_is_at_least_every_policy_and_grows_with_the_cache() {
-        let mut rng = crate::sim::rng::SplitMix64::new(11);
+        let mut rng = crate::rng::SplitMix64::new(11);
         let reqs: Vec<TraceRequest> = (0..400)
             .map(|_| {
                 let len = rng.range(1, 5);

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use super::config::SimConfig;
 use super::units::{format_bytes, thousands};
-use crate::tier::{TierHits, TierStats};
-use crate::CacheStats;
+use mla_cache::tier::{TierHits, TierStats};
+use mla_cache::CacheStats;
 
 /// Summary of a distribution of durations, in milliseconds. Percentiles are
 /// nearest-rank: the `ceil(p/100 x n)`-th smallest value.

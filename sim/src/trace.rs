@@ -32,7 +32,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::TokenId;
+use mla_cache::TokenId;
 
 /// Tokens named by one hash id.
 pub const HASH_BLOCK_TOKENS: usize = 512;
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn the_embedded_trace_is_whole() {
-        let t = Trace::parse(crate::sim::MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).unwrap();
+        let t = Trace::parse(crate::MOONCAKE_SYNTHETIC_TRACE, OnMalformed::Fail).unwrap();
         assert_eq!(t.requests.len(), 3993);
         let prompt: usize = t.requests.iter().map(|r| r.input_length).sum();
         assert_eq!(prompt, 61_194_628);

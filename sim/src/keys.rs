@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::trace::{TraceRequest, HASH_BLOCK_TOKENS};
-use crate::hash::BlockHash;
+use mla_cache::BlockHash;
 
 /// One request's view: its prompt length and the keys of its full blocks.
 #[derive(Debug, Clone)]
