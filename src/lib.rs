@@ -62,6 +62,7 @@ mod prefix_cache;
 pub mod publish;
 #[cfg(feature = "python")]
 mod python;
+mod request_cache;
 mod stats;
 pub mod store;
 mod sync;
@@ -81,6 +82,7 @@ pub use manager::{
 };
 pub use policy::{EvictionPolicy, Retention};
 pub use prefix_cache::{Insertion, PrefixCache, PrefixMatch};
+pub use request_cache::{Admitted, RequestCache};
 pub use stats::CacheStats;
 
 /// The README's examples, compiled and run as doc tests.

@@ -6,41 +6,11 @@ use std::fmt::Display;
 
 use super::types::MlaBlockCopy;
 use super::{Failure, FfiResult, MlaBlockId, MlaStatus, Out, OutBuf};
-use crate::tier::TieredAdmission;
-use crate::{Admission, AdmitOptions, AppendOutcome, CacheConfig};
+use crate::{AdmitOptions, Admitted, AppendOutcome, CacheConfig};
 
 /// Most copies one `mla_manager_append` or `mla_manager_reserve` returns
 /// (only the tail block of a request can be shared and partial).
 pub const MLA_MAX_COPIES_PER_APPEND: usize = 1;
-
-/// What an admission hands back to C: the block table and the tokens
-/// already cached.
-pub(crate) trait Admitted {
-    /// The request's block table.
-    fn block_ids(&self) -> &[MlaBlockId];
-    /// Leading prompt tokens whose KV is in the device tier.
-    fn num_cached_tokens(&self) -> usize;
-}
-
-impl Admitted for Admission {
-    fn block_ids(&self) -> &[MlaBlockId] {
-        &self.block_ids
-    }
-
-    fn num_cached_tokens(&self) -> usize {
-        self.num_cached_tokens
-    }
-}
-
-impl Admitted for TieredAdmission {
-    fn block_ids(&self) -> &[MlaBlockId] {
-        &self.block_ids
-    }
-
-    fn num_cached_tokens(&self) -> usize {
-        self.num_cached_tokens
-    }
-}
 
 /// The outputs of an admission: the block table and the cached tokens.
 pub(crate) struct AdmitOutputs {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::config::CONFIGS;
 use super::events::{event_list, MlaEventList};
-use super::manager::{admit_options, extra_keys};
+use super::keys::{admit_options, extra_keys};
 use super::requests::{AdmitOutputs, GrowOutputs};
 use super::store::STORES;
 use super::types::{MlaBlockCopy, MlaTierHits, MlaTierStats};

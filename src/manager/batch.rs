@@ -5,7 +5,8 @@ use std::ops::Range;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{appended_len, BlockManager, State};
+use super::grow::appended_len;
+use super::{BlockManager, State};
 use crate::error::{Error, Result};
 use crate::ids::{RequestId, TokenId};
 use crate::manager::{BatchAppendOutcome, TableSizes};

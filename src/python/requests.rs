@@ -11,84 +11,17 @@ use super::int_arrays::{self, Elem, PromptTokens};
 use super::outcomes::{block_array, AppendOutcome};
 use super::prefix_calls::DETACH_MIN_TOKENS;
 use super::request_ids::{self, Key, RequestIds};
-use crate::tier::{TieredAdmission, TieredCache};
-use crate::{manager, Admission, AdmitOptions, Error, RequestId, Result, TokenId};
+use crate::tier::TieredCache;
+use crate::{manager, AdmitOptions, Error, RequestCache, RequestId, Result, TokenId};
 
-/// What the shared request API calls on the object behind a Python handle.
-pub(super) trait Requests: Sync {
-    /// The outcome of an admission.
-    type Admitted: Send;
-    /// The block manager (block tables, slots, lengths).
-    fn manager(&self) -> &manager::BlockManager;
-    /// Admits `id` with its prompt (moved in: the manager keeps it).
-    fn admit(
-        &self,
-        id: RequestId,
-        tokens: Vec<TokenId>,
-        opts: &AdmitOptions,
-    ) -> Result<Self::Admitted>;
-    /// [`Requests::admit`] of a prompt of `len` tokens that `fill` converts
-    /// (`manager::BlockManager::admit_filled`); converted whole first here.
-    fn admit_filled(
-        &self,
-        id: RequestId,
-        len: usize,
-        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
-        opts: &AdmitOptions,
-    ) -> Result<Self::Admitted> {
-        let mut tokens = Vec::with_capacity(len);
-        fill(&mut tokens, len)?;
-        self.admit(id, tokens, opts)
-    }
-    /// Appends generated tokens.
-    fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome>;
-    /// Reports computed tokens.
-    fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()>;
-    /// Forks `parent` into `child`.
-    fn fork(&self, parent: RequestId, child: RequestId) -> Result<()>;
-    /// Frees `id`.
-    fn free(&self, id: RequestId) -> Result<()>;
+/// What the Python API adds to a [`RequestCache`]: whether a call runs
+/// without the GIL.
+pub(super) trait Requests: RequestCache {
     /// Whether a call on `num_tokens` tokens runs without the GIL.
     fn detaches(&self, num_tokens: usize) -> bool;
 }
 
 impl Requests for manager::BlockManager {
-    type Admitted = Admission;
-
-    fn manager(&self) -> &manager::BlockManager {
-        self
-    }
-
-    fn admit(&self, id: RequestId, tokens: Vec<TokenId>, opts: &AdmitOptions) -> Result<Admission> {
-        self.admit_vec(id, tokens, opts)
-    }
-
-    fn admit_filled(
-        &self,
-        id: RequestId,
-        len: usize,
-        fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
-        opts: &AdmitOptions,
-    ) -> Result<Admission> {
-        manager::BlockManager::admit_filled(self, id, len, fill, opts)
-    }
-
-    fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome> {
-        manager::BlockManager::append(self, id, tokens)
-    }
-
-    fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()> {
-        manager::BlockManager::commit(self, id, num_computed_tokens)
-    }
-
-    fn fork(&self, parent: RequestId, child: RequestId) -> Result<()> {
-        manager::BlockManager::fork(self, parent, child)
-    }
-
-    fn free(&self, id: RequestId) -> Result<()> {
-        manager::BlockManager::free(self, id)
-    }
-
     /// Only long hashes are worth releasing the GIL for.
     fn detaches(&self, num_tokens: usize) -> bool {
         num_tokens >= DETACH_MIN_TOKENS
@@ -96,37 +29,6 @@ impl Requests for manager::BlockManager {
 }
 
 impl Requests for TieredCache {
-    type Admitted = TieredAdmission;
-
-    fn manager(&self) -> &manager::BlockManager {
-        TieredCache::manager(self)
-    }
-
-    fn admit(
-        &self,
-        id: RequestId,
-        tokens: Vec<TokenId>,
-        opts: &AdmitOptions,
-    ) -> Result<TieredAdmission> {
-        TieredCache::admit(self, id, &tokens, opts)
-    }
-
-    fn append(&self, id: RequestId, tokens: &[TokenId]) -> Result<crate::AppendOutcome> {
-        TieredCache::append(self, id, tokens)
-    }
-
-    fn commit(&self, id: RequestId, num_computed_tokens: usize) -> Result<()> {
-        TieredCache::commit(self, id, num_computed_tokens)
-    }
-
-    fn fork(&self, parent: RequestId, child: RequestId) -> Result<()> {
-        TieredCache::fork(self, parent, child)
-    }
-
-    fn free(&self, id: RequestId) -> Result<()> {
-        TieredCache::free(self, id)
-    }
-
     /// Lower tiers copy blocks and wait on the network: always.
     fn detaches(&self, _num_tokens: usize) -> bool {
         true
@@ -176,7 +78,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
         extra_keys: Option<&Bound<'_, PyAny>>,
         salt: Option<String>,
         chunked_prefill: bool,
-    ) -> PyResult<R::Admitted> {
+    ) -> PyResult<R::Admission> {
         let key = Key::extract(request_id)?;
         let opts = AdmitOptions {
             decode_slots,
@@ -186,7 +88,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
         let admitted = match tokens {
             PromptTokens::Converted(tokens) => self.run(py, tokens.len(), || {
                 self.ids
-                    .create(&key, |id| self.inner.admit(id, tokens, &opts))
+                    .create(&key, |id| self.inner.admit_owned(id, tokens, &opts))
             }),
             PromptTokens::I32(a) => self.admit_array(py, &key, a.as_slice()?, &opts),
             PromptTokens::U32(a) => self.admit_array(py, &key, a.as_slice()?, &opts),
@@ -202,7 +104,7 @@ impl<'a, R: Requests> RequestApi<'a, R> {
         key: &Key,
         values: &[T],
         opts: &AdmitOptions,
-    ) -> Result<R::Admitted>
+    ) -> Result<R::Admission>
     where
         TokenId: TryFrom<T>,
     {

@@ -14,6 +14,12 @@
 //! [`LatentStore::indexer_view`] hand out raw addresses, which bypass the
 //! locks.
 
+mod descriptors;
+mod mapping;
+
+use descriptors::matrix_of;
+use mapping::{page_size, Mapping};
+
 use crate::sync::RwLock;
 use half::bf16;
 
@@ -431,22 +437,6 @@ impl HostStore {
     }
 }
 
-/// Describes a contiguous `[rows, cols]` slice, checking its length.
-fn matrix_of(values: Values<'_>, name: &str, rows: usize, cols: usize) -> Result<MatrixDesc> {
-    let addr = match values {
-        Values::Bf16(s) => s.as_ptr() as usize,
-        Values::F16(s) => s.as_ptr() as usize,
-        Values::F32(s) => s.as_ptr() as usize,
-    };
-    if Some(values.len()) != rows.checked_mul(cols) {
-        return Err(Error::InvalidArgument(format!(
-            "{name}: {} values, expected {rows} x {cols}",
-            values.len()
-        )));
-    }
-    Ok(MatrixDesc::contiguous(addr, values.elem_type(), rows, cols))
-}
-
 impl LatentStore for HostStore {
     fn config(&self) -> &CacheConfig {
         &self.config
@@ -626,91 +616,6 @@ fn indexer_block<'a>(indexer: &'a [u8], codec: &IndexerCodec, block: BlockId) ->
 }
 
 impl HostStore {
-    /// The slots of a checked `slot_mapping`, each negative or in range.
-    ///
-    /// # Safety
-    /// `slot_mapping` passed `VectorDesc::check` and is readable for the
-    /// returned slice's lifetime.
-    unsafe fn checked_slots<'a>(&self, slot_mapping: &VectorDesc<i64>) -> Result<&'a [i64]> {
-        let slots: &[i64] = if slot_mapping.len == 0 {
-            &[]
-        } else {
-            // SAFETY: checked non-null and aligned; readable per the contract.
-            unsafe { std::slice::from_raw_parts(slot_mapping.addr as *const i64, slot_mapping.len) }
-        };
-        let capacity = self.config.num_tokens();
-        if let Some((t, &slot)) = slots
-            .iter()
-            .enumerate()
-            .find(|&(_, &s)| s >= 0 && s as u64 >= capacity as u64)
-        {
-            return Err(Error::InvalidArgument(format!(
-                "slot_mapping[{t}] = {slot} out of range (num_blocks x block_size = {capacity})"
-            )));
-        }
-        Ok(slots)
-    }
-
-    /// The first `blocks` entries of a checked `block_table`, each a valid id.
-    ///
-    /// # Safety
-    /// `block_table` passed `VectorDesc::check`, has at least `blocks`
-    /// entries and is readable for the returned slice's lifetime.
-    unsafe fn checked_table<'a>(
-        &self,
-        block_table: &VectorDesc<BlockId>,
-        blocks: usize,
-    ) -> Result<&'a [BlockId]> {
-        if blocks == 0 {
-            return Ok(&[]);
-        }
-        // SAFETY: checked non-null and aligned, `blocks <= len`; readable per
-        // the contract.
-        let table =
-            unsafe { std::slice::from_raw_parts(block_table.addr as *const BlockId, blocks) };
-        for &block in table {
-            check_block(&self.config, block)?;
-        }
-        Ok(table)
-    }
-
-    /// Decodes `part` of `out.rows` tokens through a checked block table.
-    ///
-    /// # Safety
-    /// `out` was checked by `check_gather_args`, holds `O`, and is writable
-    /// and unaliased for the call.
-    unsafe fn gather_rows<O: Decoded>(
-        &self,
-        part: Part,
-        layer: usize,
-        table: &[BlockId],
-        out: &MatrixDesc,
-    ) {
-        let (bs, bpt) = (self.config.block_size, self.codec.bytes_per_token());
-        let _guard = self.layers[layer].read();
-        // SAFETY: the layer's read lock is held until the end of the scope.
-        let memory = unsafe { self.part_slice(part, layer) };
-        for t in 0..out.rows {
-            // SAFETY: row `t` lies within the checked extent of `out`.
-            let row = unsafe {
-                std::slice::from_raw_parts_mut((out.addr + t * out.row_stride) as *mut O, out.cols)
-            };
-            let (block, offset) = (table[t / bs], t % bs);
-            match (part, self.indexer) {
-                (Part::Latent, _) => {
-                    let slot = block as usize * bs + offset;
-                    self.codec
-                        .decode_unchecked(&memory[slot * bpt..(slot + 1) * bpt], row);
-                }
-                (Part::Indexer, Some(codec)) => {
-                    codec.decode_unchecked(indexer_block(memory, &codec, block), offset, row);
-                }
-                // Unreachable: the args check needs an indexer.
-                (Part::Indexer, None) => {}
-            }
-        }
-    }
-
     /// The bytes of `part` of `layer` (see [`HostStore::layer_slice`]).
     ///
     /// # Safety
@@ -739,111 +644,4 @@ impl HostStore {
             }
         }
     }
-}
-
-/// The system page size.
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as usize
-    } else {
-        4096
-    }
-}
-
-/// An anonymous private mapping, zero-filled, unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-    kind: PageKind,
-}
-
-// SAFETY: the mapping is plain memory owned by this value; `HostStore`
-// orders every access to it through its per-layer locks.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Maps `len > 0` bytes (a multiple of the page size).
-    fn new(len: usize, huge_pages: bool) -> Result<Self> {
-        if huge_pages {
-            if let Some(mapping) = Self::huge_tlb(len) {
-                return Ok(mapping);
-            }
-        }
-        let ptr = map_anonymous(len, 0).ok_or_else(|| {
-            let os = std::io::Error::last_os_error();
-            if os.raw_os_error() == Some(libc::ENOMEM) {
-                Error::OutOfMemory {
-                    what: "the host store",
-                    bytes: len,
-                }
-            } else {
-                Error::Storage(format!("mmap of {len} bytes failed: {os}"))
-            }
-        })?;
-        let kind = if huge_pages && advise_huge_pages(ptr, len) {
-            PageKind::TransparentHuge
-        } else {
-            PageKind::Regular
-        };
-        Ok(Self { ptr, len, kind })
-    }
-
-    #[cfg(target_os = "linux")]
-    fn huge_tlb(len: usize) -> Option<Self> {
-        const HUGE_PAGE: usize = 2 << 20;
-        let len = len.checked_next_multiple_of(HUGE_PAGE)?;
-        let ptr = map_anonymous(len, libc::MAP_HUGETLB)?;
-        Some(Self {
-            ptr,
-            len,
-            kind: PageKind::HugeTlb,
-        })
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn huge_tlb(_len: usize) -> Option<Self> {
-        None
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing
-        // references the memory once the owning store is dropped.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
-    }
-}
-
-/// `mmap(PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags)`.
-fn map_anonymous(len: usize, flags: libc::c_int) -> Option<*mut u8> {
-    // SAFETY: an anonymous mapping at an address of the kernel's choosing
-    // touches no existing memory.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-            -1,
-            0,
-        )
-    };
-    (ptr != libc::MAP_FAILED).then_some(ptr.cast())
-}
-
-#[cfg(target_os = "linux")]
-fn advise_huge_pages(ptr: *mut u8, len: usize) -> bool {
-    // SAFETY: the range is a mapping we own; the advice changes no contents.
-    unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) == 0 }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_ptr: *mut u8, _len: usize) -> bool {
-    false
 }
