@@ -196,7 +196,6 @@ impl Prefixes {
 
     /// [`Prefixes::chain_of`] of tokens the caller owns, hashed in place
     /// (`tokens` end as they started).
-    #[cfg(feature = "python")]
     pub(crate) fn chain_in_place(&self, tokens: &mut [TokenId], keys: &KeyDigest) -> Chain {
         let mut out = Chain::default();
         if self.settings.enabled {
