@@ -25,14 +25,16 @@ scripts/venv.sh
 MLA_CACHE_NVRTC="$(ls -d "$PWD"/.venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib | head -n 1)"
 export MLA_CACHE_NVRTC MLA_CACHE_REQUIRE_NVRTC=1 MLA_CACHE_REQUIRE_EMULATION=1
 
-features=capi,cuda,remote-redis
+features=cuda,remote-redis
 # maturin builds the extension (pyext/, a workspace of its own) here too, so it
 # reuses the dependencies the tests built rather than building them again.
 export CARGO_TARGET_DIR="$PWD/target"
 
 stage "rustfmt and clippy"
 cargo fmt --check
-cargo clippy --release --workspace --features "$features,python" --all-targets -- -D warnings
+cargo fmt --check --manifest-path pyext/Cargo.toml
+cargo clippy --release --workspace --features "$features" --all-targets -- -D warnings
+cargo clippy --release --manifest-path pyext/Cargo.toml --features cuda --all-targets -- -D warnings
 
 stage "redis servers for the remote tier"
 eval "$(scripts/redis.sh start)"
@@ -56,6 +58,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" \
 
 stage "python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
+cargo test --release --manifest-path pyext/Cargo.toml --lib
 # The hand-written stubs must match the module (names, signatures, defaults).
 .venv/bin/python -m mypy.stubtest mla_cache._native --allowlist python/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q python/tests

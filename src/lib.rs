@@ -50,8 +50,6 @@ pub mod config;
 mod engine_hash;
 pub mod error;
 mod events;
-#[cfg(feature = "capi")]
-pub mod ffi;
 mod hash;
 mod id_list;
 mod ids;
@@ -60,8 +58,6 @@ mod manager;
 mod policy;
 mod prefix_cache;
 pub mod publish;
-#[cfg(feature = "python")]
-mod python;
 mod request_cache;
 mod stats;
 pub mod store;
@@ -81,7 +77,7 @@ pub use manager::{
     BlockManager, TableSizes,
 };
 pub use policy::{EvictionPolicy, Retention};
-pub use prefix_cache::{Insertion, PrefixCache, PrefixMatch};
+pub use prefix_cache::{fill_step, Insertion, PrefixCache, PrefixMatch};
 pub use request_cache::{Admitted, RequestCache};
 pub use stats::CacheStats;
 

@@ -134,10 +134,10 @@ pub(crate) struct CacheState {
 /// 64-token blocks: the step's lines fit the processor's outstanding misses).
 const FILL_BLOCKS: usize = 8;
 
-/// One step of a [`Prefixes::chain_filling`] fill from `src`: `append`
-/// appends `src[tokens.len()..upto]` (converted as the caller needs), then
-/// as many values after `upto` (the next step) are prefetched.
-pub(crate) fn fill_step<T, E>(
+/// One step of a [`crate::RequestCache::admit_filled`] fill from `src`:
+/// `append` appends `src[tokens.len()..upto]` (converted as the caller
+/// needs), then as many values after `upto` (the next step) are prefetched.
+pub fn fill_step<T, E>(
     src: &[T],
     tokens: &mut Vec<TokenId>,
     upto: usize,

@@ -12,7 +12,8 @@ mod core;
 mod invariants;
 mod pins;
 
-pub(crate) use self::core::{fill_step, CacheState, Prefixes};
+pub use self::core::fill_step;
+pub(crate) use self::core::{CacheState, Prefixes};
 
 use rustc_hash::FxHashMap;
 

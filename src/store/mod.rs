@@ -430,7 +430,7 @@ pub trait LatentStore: Send + Sync {
 
 /// The indexer geometry of `config`, or the error an indexer operation on a
 /// store without one returns.
-pub(crate) fn check_indexer(config: &CacheConfig) -> Result<IndexerGeometry> {
+pub fn check_indexer(config: &CacheConfig) -> Result<IndexerGeometry> {
     config.indexer.ok_or_else(|| {
         Error::InvalidArgument(
             "this store has no indexer keys (the configuration has no indexer)".into(),

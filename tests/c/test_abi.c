@@ -119,16 +119,17 @@ static void test_config(void) {
     OK(mla_config_set_pin_budget_blocks(config, false, 0));
     OK(mla_config_get(config, &info));
     CHECK(!info.has_hash_seed && !info.has_pin_budget_blocks);
-    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_ADAPTIVE));
+    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_ARC));
     OK(mla_config_get(config, &info));
-    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ADAPTIVE);
+    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ARC);
     OK(mla_config_set_max_pending_events(config, 0));
     EXPECT(mla_config_validate(config), MLA_STATUS_INVALID_CONFIG);
     EXPECT(mla_config_set_max_pending_events(NULL, 1), MLA_STATUS_NULL_POINTER);
     OK(mla_config_set_max_pending_events(config, 7));
-    OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_RESIDENCY));
+    /* An unknown policy value fails and changes nothing. */
+    EXPECT(mla_config_set_eviction(config, 2), MLA_STATUS_INVALID_CONFIG);
     OK(mla_config_get(config, &info));
-    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_RESIDENCY);
+    CHECK(info.eviction == MLA_EVICTION_POLICY_KIND_ARC);
     OK(mla_config_set_eviction(config, MLA_EVICTION_POLICY_KIND_LRU));
     OK(mla_config_set_block_hash(config, MLA_BLOCK_HASH_KIND_SHA256_CBOR));
     OK(mla_config_get(config, &info));
