@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::manager::{MlaManager, MANAGERS};
 use super::tier::{MlaTieredCache, TIERED};
 use super::{guard, opt_text, Failure, MlaPublisherStats, MlaStatus, Out, Registry};
-use mla_cache_core::publish::{EventPublisher, PublisherConfig};
+use mla_cache::publish::{EventPublisher, PublisherConfig};
 
 /// Settings of `mla_publisher_create`; zero-initialize for vLLM's defaults
 /// (every zero or NULL field takes its default).

@@ -50,7 +50,7 @@ pub use tier::*;
 pub use types::*;
 
 // Spelled out for cbindgen; the calls into the crate only compile while
-// they equal `mla_cache_core::BlockId`, `mla_cache_core::TokenId` and `mla_cache_core::RequestId`.
+// they equal `mla_cache::BlockId`, `mla_cache::TokenId` and `mla_cache::RequestId`.
 /// Index of a physical block, `0 .. num_blocks`, the same in every layer.
 pub type MlaBlockId = u32;
 /// A token id.

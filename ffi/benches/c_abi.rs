@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion};
-use mla_cache::*;
-use mla_cache_core::{AdmitOptions, BlockManager, CacheConfig};
+use mla_cache::{AdmitOptions, BlockManager, CacheConfig};
+use mla_cache_ffi::*;
 
 const PROMPT: usize = 4096;
 const NUM_BLOCKS: usize = 1024;

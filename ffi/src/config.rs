@@ -7,7 +7,7 @@ use super::types::{
     block_hash_from, dtype_from, eviction_from, MlaBlockHashKind, MlaDtype, MlaEvictionPolicyKind,
 };
 use super::{guard, text, MlaStatus, Out, Registry};
-use mla_cache_core::{CacheConfig, Dtype, IndexerGeometry, ModelGeometry};
+use mla_cache::{CacheConfig, Dtype, IndexerGeometry, ModelGeometry};
 
 /// A cache configuration under construction (opaque). Create it with
 /// `mla_config_create` or `mla_config_from_preset`, adjust it with the

@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
 use super::{Failure, FfiResult};
-use mla_cache_core::Error;
+use mla_cache::Error;
 
 /// Major version of the library this header belongs to.
 pub const MLA_CACHE_VERSION_MAJOR: u32 = 0;
@@ -246,7 +246,7 @@ mod tests {
         assert_eq!(status, MlaStatus::Panic);
         let message = last_error();
         assert!(
-            message.starts_with("mla_test: panic: boom 7 at capi/src/status.rs:"),
+            message.starts_with("mla_test: panic: boom 7 at ffi/src/status.rs:"),
             "{message}"
         );
         let status = guard("mla_test", || Err(Error::NotPinned.into()));

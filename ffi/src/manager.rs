@@ -8,7 +8,7 @@ use super::{
     guard, input, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
     MlaStatus, MlaTokenId, Out, OutBuf, Registry,
 };
-use mla_cache_core::BlockManager;
+use mla_cache::BlockManager;
 
 /// A block manager (opaque): who holds which block, prefix sharing,
 /// copy-on-write, pinning and eviction. Thread-safe: share one handle

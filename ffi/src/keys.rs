@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 use super::{input, opt_text, FfiResult};
-use mla_cache_core::{AdmitOptions, ExtraKeys, MultiModalKey};
+use mla_cache::{AdmitOptions, ExtraKeys, MultiModalKey};
 
 /// A multimodal input whose placeholder tokens occupy
 /// `offset .. offset + length` of the prompt.

@@ -6,7 +6,7 @@ use std::fmt::Display;
 
 use super::types::MlaBlockCopy;
 use super::{Failure, FfiResult, MlaBlockId, MlaStatus, Out, OutBuf};
-use mla_cache_core::{AdmitOptions, Admitted, AppendOutcome, CacheConfig};
+use mla_cache::{AdmitOptions, Admitted, AppendOutcome, CacheConfig};
 
 /// Most copies one `mla_manager_append` or `mla_manager_reserve` returns
 /// (only the tail block of a request can be shared and partial).
@@ -44,7 +44,7 @@ impl AdmitOutputs {
         config: &CacheConfig,
         num_tokens: usize,
         options: &AdmitOptions,
-        admit: impl FnOnce() -> mla_cache_core::Result<A>,
+        admit: impl FnOnce() -> mla_cache::Result<A>,
     ) -> FfiResult<A> {
         if let Some(slots) = num_tokens.checked_add(options.decode_slots) {
             let needed = slots.div_ceil(config.block_size);
@@ -103,7 +103,7 @@ impl GrowOutputs {
         most_new: usize,
         check: bool,
         what: impl Display,
-        grow: impl FnOnce() -> mla_cache_core::Result<AppendOutcome>,
+        grow: impl FnOnce() -> mla_cache::Result<AppendOutcome>,
     ) -> FfiResult<()> {
         let (ids, copies) = (&self.new_block_ids, &self.copies);
         if check && (most_new > ids.cap || copies.cap < MLA_MAX_COPIES_PER_APPEND) {
@@ -138,7 +138,7 @@ impl GrowOutputs {
         &self,
         num_tokens: usize,
         block_size: usize,
-        append: impl FnOnce() -> mla_cache_core::Result<AppendOutcome>,
+        append: impl FnOnce() -> mla_cache::Result<AppendOutcome>,
     ) -> FfiResult<()> {
         let most_new = num_tokens.div_ceil(block_size);
         let what = format!("appending {num_tokens} tokens");

@@ -14,8 +14,8 @@ use super::{
     guard, input, opt_text, FfiResult, MlaAdmitOptions, MlaBlockId, MlaConfig, MlaExtraKeys,
     MlaRequestId, MlaStatus, MlaStore, MlaTokenId, Out, OutBuf, Registry,
 };
-use mla_cache_core::store::Stream;
-use mla_cache_core::tier::{RemoteOptions, TierSettings, TieredCache};
+use mla_cache::store::Stream;
+use mla_cache::tier::{RemoteOptions, TierSettings, TieredCache};
 
 /// A tiered cache (opaque): a block manager and its store (the device
 /// tier, L1), a host-memory tier (L2) and a remote tier (L3). Allocate only

@@ -9,7 +9,7 @@ use super::types::MlaBlockCopy;
 use super::{
     guard, input, Failure, FfiResult, MlaBlockId, MlaRequestId, MlaStatus, MlaTokenId, Out, OutBuf,
 };
-use mla_cache_core::{BatchAppendOutcome, Error};
+use mla_cache::{BatchAppendOutcome, Error};
 
 /// A copy one request of a batch must perform before writing its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

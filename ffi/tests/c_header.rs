@@ -2,7 +2,7 @@
 //! `src/`, and it compiles cleanly as C11 and C++17.
 //!
 //! After changing the C ABI, regenerate it with
-//! `MLA_UPDATE_HEADER=1 cargo test -p mla-cache-capi --test c_header`.
+//! `MLA_UPDATE_HEADER=1 cargo test -p mla-cache-ffi --test c_header`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +22,7 @@ fn generate() -> String {
     let config = cbindgen::Config::from_file(root().join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
-        .with_src(root().join("capi/src/lib.rs"))
+        .with_src(root().join("ffi/src/lib.rs"))
         .generate()
         .expect("cbindgen generates the header");
     let mut out = Vec::new();

@@ -4,8 +4,8 @@ use std::ffi::{c_char, CString};
 
 use super::manager::{MlaManager, MANAGERS};
 use super::{guard, Failure, MlaStatus, MlaTokenId, Out, Registry};
-use mla_cache_core::publish::{WireEvent, MEDIUM_GPU};
-use mla_cache_core::CacheEvent;
+use mla_cache::publish::{WireEvent, MEDIUM_GPU};
+use mla_cache::CacheEvent;
 
 /// What an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

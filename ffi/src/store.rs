@@ -9,12 +9,12 @@ use super::{
     guard, input, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaStatus, Out,
     Registry,
 };
-use mla_cache_core::codec::TokenLayout;
-use mla_cache_core::store::{
+use mla_cache::codec::TokenLayout;
+use mla_cache::store::{
     Device, HostStore, HostStoreOptions, LatentStore, MatrixDesc, Part, Stream, VectorDesc,
 };
-use mla_cache_core::tier::BlockTransfer;
-use mla_cache_core::CacheConfig;
+use mla_cache::tier::BlockTransfer;
+use mla_cache::CacheConfig;
 
 /// A latent store (opaque): the cached latents of every layer, laid out per
 /// layer as `[num_blocks][block_size][bytes_per_token]`. Thread-safe;
@@ -312,9 +312,7 @@ pub unsafe extern "C" fn mla_store_create_cuda(
 
 #[cfg(feature = "cuda")]
 fn cuda_store(config: &CacheConfig, ordinal: usize) -> FfiResult<Shared> {
-    Ok(shared(mla_cache_core::store::CudaStore::new(
-        config, ordinal,
-    )?))
+    Ok(shared(mla_cache::store::CudaStore::new(config, ordinal)?))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -9,11 +9,11 @@
 //! unknown value is an error, never an invalid Rust enum.
 
 use super::{Failure, FfiResult, MlaBlockId, MlaStatus};
-use mla_cache_core::codec::ElemType;
-use mla_cache_core::publish::PublisherStats;
-use mla_cache_core::tier::remote::RemoteStats;
-use mla_cache_core::tier::{HostTierStats, TierHits, TierStats};
-use mla_cache_core::{AdmitCheck, BlockCopy, BlockHashKind, CacheStats, Dtype, EvictionPolicyKind};
+use mla_cache::codec::ElemType;
+use mla_cache::publish::PublisherStats;
+use mla_cache::tier::remote::RemoteStats;
+use mla_cache::tier::{HostTierStats, TierHits, TierStats};
+use mla_cache::{AdmitCheck, BlockCopy, BlockHashKind, CacheStats, Dtype, EvictionPolicyKind};
 
 /// Defines `From` both ways between a core enum and its C enum, which have
 /// the same variants.
