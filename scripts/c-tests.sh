@@ -8,7 +8,7 @@
 #
 #   --release   test the release build (target/release) instead of the debug one
 #   --features  build the library with these Cargo features (cuda,
-#               remote-redis; `capi`, the C ABI itself, is always on)
+#               remote-redis; a `capi` in the list is ignored)
 #   --valgrind  run the C test and the example under valgrind memcheck
 #               (--error-exitcode=1 --leak-check=full); any error or leak fails
 #   --asan      build the test programs with AddressSanitizer and UBSan
@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     case "$arg" in
         --release) profile=release; cargo_flags+=(--release) ;;
         --features)
-            # `capi` is the core's feature that the C library always turns on.
+            # `capi`, once the core's feature for the C ABI, is no feature any more: drop it.
             features="$(echo ",$1," | sed 's/,capi,/,/g; s/^,//; s/,$//')"
             [[ -n $features ]] && cargo_flags+=(--features "$features")
             # The C test expects a CUDA store to be creatable (or to fail for want of a GPU).

@@ -46,8 +46,8 @@ cargo test --release --workspace --features "$features" --all-targets
 cargo test --release --features "$features" --doc
 
 stage "eviction policies with debug assertions and overflow checks (the contract's checks)"
-# Only the library (and the C library's test, built on it) is rebuilt with
-# them; their dependencies stay as built above.
+# Only the library (and the workspace's packages built on it: ffi/, capi/,
+# sim/) is rebuilt with them; their dependencies stay as built above.
 cargo test --release --workspace --features "$features" --lib \
     --config 'profile.release.package.mla-cache.debug-assertions=true' \
     --config 'profile.release.package.mla-cache.overflow-checks=true' policy::

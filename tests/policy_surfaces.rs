@@ -67,7 +67,7 @@ fn the_python_docs_of_eviction_name_the_registry() {
         "\"``",
     );
     assert_eq!(in_stub, as_set(&registry()), "python/mla_cache/_native.pyi");
-    let bindings = read("src/python/config.rs");
+    let bindings = read("pyext/src/config.rs");
     let start = bindings
         .find("``eviction``")
         .expect("the eviction argument's doc");
@@ -79,7 +79,7 @@ fn the_python_docs_of_eviction_name_the_registry() {
     assert_eq!(
         quoted(&doc, |_| true, "``\"", "\"``"),
         as_set(&registry()),
-        "src/python/config.rs"
+        "pyext/src/config.rs"
     );
 }
 
