@@ -2,7 +2,7 @@
 
 use super::config::{info, CONFIGS};
 use super::keys::{admit_options, extra_keys, MlaAdmitOptions, MlaExtraKeys};
-use super::requests::{AdmitOutputs, GrowOutputs};
+use super::requests::{self, AdmitOutputs, GrowOutputs, RequestHandle};
 use super::types::{MlaAdmitCheck, MlaBlockCopy, MlaCacheStats};
 use super::{
     guard, input, Failure, FfiResult, MlaBlockId, MlaConfig, MlaConfigInfo, MlaRequestId,
@@ -25,6 +25,14 @@ pub(crate) fn with<R>(
     f: impl FnOnce(&BlockManager) -> FfiResult<R>,
 ) -> FfiResult<R> {
     MANAGERS.with(m, |m| f(&m.inner))
+}
+
+impl RequestHandle for MlaManager {
+    type Cache = BlockManager;
+
+    fn with<R>(handle: *const Self, f: impl FnOnce(&BlockManager) -> FfiResult<R>) -> FfiResult<R> {
+        with(handle, f)
+    }
 }
 
 /// Creates a block manager for a configuration (copied: the configuration
@@ -200,21 +208,22 @@ pub unsafe extern "C" fn mla_manager_append(
     copies_cap: usize,
     num_copies: *mut usize,
 ) -> MlaStatus {
-    guard("mla_manager_append", || {
-        // SAFETY: per the contract, for every pointer below.
-        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let outs = GrowOutputs::new(
+    // SAFETY: the same contract.
+    unsafe {
+        requests::append(
+            "mla_manager_append",
+            manager,
+            id,
+            tokens,
+            num_tokens,
             new_block_ids,
             new_block_ids_cap,
             num_new_block_ids,
             copies,
             copies_cap,
             num_copies,
-        )?;
-        with(manager, |m| unsafe {
-            outs.append(tokens.len(), m.config().block_size, || m.append(id, tokens))
-        })
-    })
+        )
+    }
 }
 
 /// Grows the block table of request `id` so it has room for `total_slots`
@@ -285,9 +294,7 @@ pub extern "C" fn mla_manager_commit(
     id: MlaRequestId,
     num_computed_tokens: usize,
 ) -> MlaStatus {
-    guard("mla_manager_commit", || {
-        with(manager, |m| Ok(m.commit(id, num_computed_tokens)?))
-    })
+    requests::commit("mla_manager_commit", manager, id, num_computed_tokens)
 }
 
 /// Creates request `child` sharing every block of `parent` that holds
@@ -301,9 +308,7 @@ pub extern "C" fn mla_manager_fork(
     parent: MlaRequestId,
     child: MlaRequestId,
 ) -> MlaStatus {
-    guard("mla_manager_fork", || {
-        with(manager, |m| Ok(m.fork(parent, child)?))
-    })
+    requests::fork("mla_manager_fork", manager, parent, child)
 }
 
 /// Frees request `id`; its blocks are released tail first (deepest blocks
@@ -313,7 +318,7 @@ pub extern "C" fn mla_manager_fork(
 /// Thread safety: thread-safe.
 #[no_mangle]
 pub extern "C" fn mla_manager_free(manager: *mut MlaManager, id: MlaRequestId) -> MlaStatus {
-    guard("mla_manager_free", || with(manager, |m| Ok(m.free(id)?)))
+    requests::free("mla_manager_free", manager, id)
 }
 
 /// Writes the block table of request `id` and its length. Too small a
@@ -332,12 +337,17 @@ pub unsafe extern "C" fn mla_manager_block_table(
     block_ids_cap: usize,
     num_block_ids: *mut usize,
 ) -> MlaStatus {
-    guard("mla_manager_block_table", || {
-        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
-        let table = with(manager, |m| Ok(m.block_table(id)?))?;
-        // SAFETY: per the contract.
-        unsafe { out.fill(&table) }
-    })
+    // SAFETY: the same contract.
+    unsafe {
+        requests::block_table(
+            "mla_manager_block_table",
+            manager,
+            id,
+            block_ids,
+            block_ids_cap,
+            num_block_ids,
+        )
+    }
 }
 
 /// Writes the slot numbers (`block_id * block_size + offset`) of positions
@@ -361,12 +371,19 @@ pub unsafe extern "C" fn mla_manager_slot_mapping(
     slots_cap: usize,
     num_slots: *mut usize,
 ) -> MlaStatus {
-    guard("mla_manager_slot_mapping", || {
-        let out = OutBuf::new(slots, slots_cap, num_slots, "slots")?;
-        let mapping = with(manager, |m| Ok(m.slot_mapping(id, start..end)?))?;
-        // SAFETY: per the contract.
-        unsafe { out.fill(&mapping) }
-    })
+    // SAFETY: the same contract.
+    unsafe {
+        requests::slot_mapping(
+            "mla_manager_slot_mapping",
+            manager,
+            id,
+            start,
+            end,
+            slots,
+            slots_cap,
+            num_slots,
+        )
+    }
 }
 
 /// Writes the number of tokens (prompt and appended) of request `id`.

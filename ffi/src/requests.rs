@@ -5,8 +5,10 @@
 use std::fmt::Display;
 
 use super::types::MlaBlockCopy;
-use super::{Failure, FfiResult, MlaBlockId, MlaStatus, Out, OutBuf};
-use mla_cache::{AdmitOptions, Admitted, AppendOutcome, CacheConfig};
+use super::{
+    guard, input, Failure, FfiResult, MlaBlockId, MlaRequestId, MlaStatus, MlaTokenId, Out, OutBuf,
+};
+use mla_cache::{AdmitOptions, Admitted, AppendOutcome, CacheConfig, RequestCache};
 
 /// Most copies one `mla_manager_append` or `mla_manager_reserve` returns
 /// (only the tail block of a request can be shared and partial).
@@ -145,4 +147,127 @@ impl GrowOutputs {
         // SAFETY: forwarded.
         unsafe { self.run(most_new, num_tokens > 0, what, append) }
     }
+}
+
+/// A C handle whose object runs requests (`MlaManager`, `MlaTieredCache`):
+/// each request call of `mla_manager_*` and `mla_tiered_*` is one body
+/// below, generic over it; the `extern "C"` functions only name it (cbindgen
+/// reads them, so they stay written out).
+pub(crate) trait RequestHandle {
+    /// The object behind the handle.
+    type Cache: RequestCache;
+    /// Runs `f` on the object behind the live handle `handle`.
+    fn with<R>(handle: *const Self, f: impl FnOnce(&Self::Cache) -> FfiResult<R>) -> FfiResult<R>;
+}
+
+/// The body of `mla_manager_append` and `mla_tiered_append` (`name`).
+///
+/// # Safety
+/// As `mla_manager_append`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn append<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    id: MlaRequestId,
+    tokens: *const MlaTokenId,
+    num_tokens: usize,
+    new_block_ids: *mut MlaBlockId,
+    new_block_ids_cap: usize,
+    num_new_block_ids: *mut usize,
+    copies: *mut MlaBlockCopy,
+    copies_cap: usize,
+    num_copies: *mut usize,
+) -> MlaStatus {
+    guard(name, || {
+        // SAFETY: per the contract, for every pointer below.
+        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
+        let outs = GrowOutputs::new(
+            new_block_ids,
+            new_block_ids_cap,
+            num_new_block_ids,
+            copies,
+            copies_cap,
+            num_copies,
+        )?;
+        H::with(handle, |c| unsafe {
+            let block_size = c.manager().config().block_size;
+            outs.append(tokens.len(), block_size, || c.append(id, tokens))
+        })
+    })
+}
+
+/// The body of `mla_manager_commit` and `mla_tiered_commit` (`name`).
+pub(crate) fn commit<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    id: MlaRequestId,
+    num_computed_tokens: usize,
+) -> MlaStatus {
+    guard(name, || {
+        H::with(handle, |c| Ok(c.commit(id, num_computed_tokens)?))
+    })
+}
+
+/// The body of `mla_manager_fork` and `mla_tiered_fork` (`name`).
+pub(crate) fn fork<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    parent: MlaRequestId,
+    child: MlaRequestId,
+) -> MlaStatus {
+    guard(name, || H::with(handle, |c| Ok(c.fork(parent, child)?)))
+}
+
+/// The body of `mla_manager_free` and `mla_tiered_free` (`name`).
+pub(crate) fn free<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    id: MlaRequestId,
+) -> MlaStatus {
+    guard(name, || H::with(handle, |c| Ok(c.free(id)?)))
+}
+
+/// The body of `mla_manager_block_table` and `mla_tiered_block_table`
+/// (`name`).
+///
+/// # Safety
+/// As `mla_manager_block_table`.
+pub(crate) unsafe fn block_table<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    id: MlaRequestId,
+    block_ids: *mut MlaBlockId,
+    block_ids_cap: usize,
+    num_block_ids: *mut usize,
+) -> MlaStatus {
+    guard(name, || {
+        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
+        let table = H::with(handle, |c| Ok(c.manager().block_table(id)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.fill(&table) }
+    })
+}
+
+/// The body of `mla_manager_slot_mapping` and `mla_tiered_slot_mapping`
+/// (`name`).
+///
+/// # Safety
+/// As `mla_manager_slot_mapping`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn slot_mapping<H: RequestHandle>(
+    name: &'static str,
+    handle: *const H,
+    id: MlaRequestId,
+    start: usize,
+    end: usize,
+    slots: *mut i64,
+    slots_cap: usize,
+    num_slots: *mut usize,
+) -> MlaStatus {
+    guard(name, || {
+        let out = OutBuf::new(slots, slots_cap, num_slots, "slots")?;
+        let mapping = H::with(handle, |c| Ok(c.manager().slot_mapping(id, start..end)?))?;
+        // SAFETY: per the contract.
+        unsafe { out.fill(&mapping) }
+    })
 }

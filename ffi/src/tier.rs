@@ -7,12 +7,12 @@ use std::time::Duration;
 use super::config::CONFIGS;
 use super::events::{event_list, MlaEventList};
 use super::keys::{admit_options, extra_keys};
-use super::requests::{AdmitOutputs, GrowOutputs};
+use super::requests::{self, AdmitOutputs, RequestHandle};
 use super::store::STORES;
 use super::types::{MlaBlockCopy, MlaTierHits, MlaTierStats};
 use super::{
     guard, input, opt_text, FfiResult, MlaAdmitOptions, MlaBlockId, MlaConfig, MlaExtraKeys,
-    MlaRequestId, MlaStatus, MlaStore, MlaTokenId, Out, OutBuf, Registry,
+    MlaRequestId, MlaStatus, MlaStore, MlaTokenId, Out, Registry,
 };
 use mla_cache::store::Stream;
 use mla_cache::tier::{RemoteOptions, TierSettings, TieredCache};
@@ -62,6 +62,14 @@ pub struct MlaTierOptions {
 /// Runs `f` on the tiered cache behind a live handle.
 fn with<R>(c: *const MlaTieredCache, f: impl FnOnce(&TieredCache) -> FfiResult<R>) -> FfiResult<R> {
     TIERED.with(c, |c| f(&c.inner))
+}
+
+impl RequestHandle for MlaTieredCache {
+    type Cache = TieredCache;
+
+    fn with<R>(handle: *const Self, f: impl FnOnce(&TieredCache) -> FfiResult<R>) -> FfiResult<R> {
+        with(handle, f)
+    }
 }
 
 /// Takes every tier's events recorded since the last call (none unless the
@@ -259,23 +267,22 @@ pub unsafe extern "C" fn mla_tiered_append(
     copies_cap: usize,
     num_copies: *mut usize,
 ) -> MlaStatus {
-    guard("mla_tiered_append", || {
-        // SAFETY: per the contract, for every pointer below.
-        let tokens = unsafe { input(tokens, num_tokens, "tokens") }?;
-        let outs = GrowOutputs::new(
+    // SAFETY: the same contract.
+    unsafe {
+        requests::append(
+            "mla_tiered_append",
+            cache,
+            id,
+            tokens,
+            num_tokens,
             new_block_ids,
             new_block_ids_cap,
             num_new_block_ids,
             copies,
             copies_cap,
             num_copies,
-        )?;
-        with(cache, |c| unsafe {
-            outs.append(tokens.len(), c.manager().config().block_size, || {
-                c.append(id, tokens)
-            })
-        })
-    })
+        )
+    }
 }
 
 /// Reports that the first `num_computed_tokens` tokens of request `id`
@@ -289,9 +296,7 @@ pub extern "C" fn mla_tiered_commit(
     id: MlaRequestId,
     num_computed_tokens: usize,
 ) -> MlaStatus {
-    guard("mla_tiered_commit", || {
-        with(cache, |c| Ok(c.commit(id, num_computed_tokens)?))
-    })
+    requests::commit("mla_tiered_commit", cache, id, num_computed_tokens)
 }
 
 /// Creates request `child` sharing the blocks of `parent`, like
@@ -304,9 +309,7 @@ pub extern "C" fn mla_tiered_fork(
     parent: MlaRequestId,
     child: MlaRequestId,
 ) -> MlaStatus {
-    guard("mla_tiered_fork", || {
-        with(cache, |c| Ok(c.fork(parent, child)?))
-    })
+    requests::fork("mla_tiered_fork", cache, parent, child)
 }
 
 /// Frees request `id` like `mla_manager_free`; an unchunked request's
@@ -315,7 +318,7 @@ pub extern "C" fn mla_tiered_fork(
 /// Thread safety: thread-safe.
 #[no_mangle]
 pub extern "C" fn mla_tiered_free(cache: *mut MlaTieredCache, id: MlaRequestId) -> MlaStatus {
-    guard("mla_tiered_free", || with(cache, |c| Ok(c.free(id)?)))
+    requests::free("mla_tiered_free", cache, id)
 }
 
 /// Writes the block table of request `id` and its length, like
@@ -334,12 +337,17 @@ pub unsafe extern "C" fn mla_tiered_block_table(
     block_ids_cap: usize,
     num_block_ids: *mut usize,
 ) -> MlaStatus {
-    guard("mla_tiered_block_table", || {
-        let out = OutBuf::new(block_ids, block_ids_cap, num_block_ids, "block_ids")?;
-        let table = with(cache, |c| Ok(c.manager().block_table(id)?))?;
-        // SAFETY: per the contract.
-        unsafe { out.fill(&table) }
-    })
+    // SAFETY: the same contract.
+    unsafe {
+        requests::block_table(
+            "mla_tiered_block_table",
+            cache,
+            id,
+            block_ids,
+            block_ids_cap,
+            num_block_ids,
+        )
+    }
 }
 
 /// Writes the slot numbers of positions `start .. end` of request `id`,
@@ -360,12 +368,19 @@ pub unsafe extern "C" fn mla_tiered_slot_mapping(
     slots_cap: usize,
     num_slots: *mut usize,
 ) -> MlaStatus {
-    guard("mla_tiered_slot_mapping", || {
-        let out = OutBuf::new(slots, slots_cap, num_slots, "slots")?;
-        let mapping = with(cache, |c| Ok(c.manager().slot_mapping(id, start..end)?))?;
-        // SAFETY: per the contract.
-        unsafe { out.fill(&mapping) }
-    })
+    // SAFETY: the same contract.
+    unsafe {
+        requests::slot_mapping(
+            "mla_tiered_slot_mapping",
+            cache,
+            id,
+            start,
+            end,
+            slots,
+            slots_cap,
+            num_slots,
+        )
+    }
 }
 
 /// A snapshot of the tiered cache's counters and its tiers'.
