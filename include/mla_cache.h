@@ -50,7 +50,7 @@
 /**
  * Minor version of the library this header belongs to.
  */
-#define MLA_CACHE_VERSION_MINOR 1
+#define MLA_CACHE_VERSION_MINOR 2
 
 /**
  * Patch version of the library this header belongs to.

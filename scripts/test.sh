@@ -43,7 +43,7 @@ export MLA_CACHE_REQUIRE_REDIS=1
 
 stage "cargo test (unit, integration, CLI, codecs, stores, tiers, CUDA compile + emulation)"
 cargo test --release --workspace --features "$features" --all-targets
-cargo test --release --features "$features" --doc
+cargo test --release -p mla-cache -p mla-cache-sim --features "$features" --doc
 
 stage "eviction policies with debug assertions and overflow checks (the contract's checks)"
 # Only the library (and the workspace's packages built on it: ffi/, capi/,
@@ -58,7 +58,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$CARGO_TARGET_DIR/loom" \
 
 stage "python module (maturin) and its tests"
 .venv/bin/maturin develop --release --quiet
-cargo test --release --manifest-path pyext/Cargo.toml --lib
+PYO3_PYTHON="$PWD/.venv/bin/python" cargo test --release --manifest-path pyext/Cargo.toml --lib
 # The hand-written stubs must match the module (names, signatures, defaults).
 .venv/bin/python -m mypy.stubtest mla_cache._native --allowlist python/stubtest-allowlist.txt
 .venv/bin/python -m pytest -q python/tests

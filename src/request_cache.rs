@@ -13,7 +13,9 @@
 //!     Ok(admitted.block_ids().len())
 //! }
 //!
-//! let manager = BlockManager::new(CacheConfig::new(64, 16))?;
+//! let mut config = CacheConfig::new(64);
+//! config.block_size = 16;
+//! let manager = BlockManager::new(config)?;
 //! assert_eq!(serve(&manager, &[7; 40])?, 3);
 //! # Ok::<(), mla_cache::Error>(())
 //! ```
@@ -52,7 +54,9 @@ impl Admitted for TieredAdmission {
 
 /// A cache that runs requests: [`BlockManager`] (the device tier alone) or
 /// [`TieredCache`] (with host and remote tiers below it). Each method is
-/// the type's own method of that name, with its semantics and errors.
+/// the type's own method of that name where it has one, with its semantics
+/// and errors; `TieredCache` admits owned and filled prompts through
+/// [`RequestCache::admit`].
 pub trait RequestCache: Send + Sync {
     /// What an admission returns.
     type Admission: Admitted + Send;
@@ -92,7 +96,7 @@ pub trait RequestCache: Send + Sync {
         opts: &AdmitOptions,
     ) -> Result<Self::Admission> {
         let mut tokens = Vec::with_capacity(len);
-        fill(&mut tokens, len)?;
+        crate::prefix_cache::filled(fill, &mut tokens, len)?;
         self.admit_owned(id, tokens, opts)
     }
 

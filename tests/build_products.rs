@@ -1,6 +1,6 @@
-//! The Python extension (`pyext/`) and the C library (`capi/`) are packages
-//! of their own, so that they never share a path and the core is an rlib
-//! only; both carry the library's version.
+//! The Python extension (`pyext/`), the C ABI (`ffi/`) and the C library
+//! (`capi/`) are packages of their own, so that they never share a path and
+//! the core is an rlib only; each carries the library's version.
 
 use std::path::Path;
 
@@ -44,4 +44,17 @@ fn the_core_is_an_rlib_only() {
         !manifest.contains("crate-type"),
         "the core builds no C library"
     );
+}
+
+#[test]
+fn the_c_abi_package_has_the_library_version_and_is_an_rlib_only() {
+    // `mla_version()` and the header's version macros are this package's
+    // version; its tests and bench link it as an rlib, never a C library.
+    let manifest = read("ffi/Cargo.toml");
+    let version = format!("\nversion = \"{}\"\n", env!("CARGO_PKG_VERSION"));
+    assert!(
+        manifest.contains(&version),
+        "ffi/Cargo.toml lacks {version}"
+    );
+    assert!(!manifest.contains("crate-type"), "ffi/ builds no C library");
 }

@@ -1,4 +1,4 @@
-//! The C ABI (`include/mla_cache.h`, generated from this module by cbindgen).
+//! The C ABI (`include/mla_cache.h`, generated from this crate by cbindgen).
 //!
 //! Conventions shared by every function:
 //! - every function returns an [`MlaStatus`] (a few string getters excepted);
@@ -20,6 +20,8 @@
 //!   call any function on them, except that destroying a handle while other
 //!   threads still use it is an error of the caller (the calls in flight
 //!   finish first; later ones get `MLA_STATUS_INVALID_HANDLE`).
+
+#![warn(missing_docs)]
 
 use std::collections::VecDeque;
 use std::ffi::{c_char, CStr};

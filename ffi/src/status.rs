@@ -11,7 +11,7 @@ use mla_cache::Error;
 /// Major version of the library this header belongs to.
 pub const MLA_CACHE_VERSION_MAJOR: u32 = 0;
 /// Minor version of the library this header belongs to.
-pub const MLA_CACHE_VERSION_MINOR: u32 = 1;
+pub const MLA_CACHE_VERSION_MINOR: u32 = 2;
 /// Patch version of the library this header belongs to.
 pub const MLA_CACHE_VERSION_PATCH: u32 = 0;
 

@@ -11,7 +11,7 @@ use std::process::Command;
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("capi/ is in the repository")
+        .expect("ffi/ is in the repository")
 }
 
 fn header_path() -> PathBuf {
@@ -45,7 +45,7 @@ fn committed_header_matches_cbindgen_output() {
             .unwrap_or(committed.lines().count().min(generated.lines().count()));
         panic!(
             "include/mla_cache.h is stale (first difference at line {}); \
-             regenerate it with MLA_UPDATE_HEADER=1 cargo test --test c_header",
+             regenerate it with MLA_UPDATE_HEADER=1 cargo test -p mla-cache-ffi --test c_header",
             line + 1
         );
     }

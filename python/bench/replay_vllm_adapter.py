@@ -1,7 +1,7 @@
 """Replays a Mooncake-format trace through the vLLM adapter (``mla_cache.vllm``).
 
 Follows the model of time of ``mla-cache simulate`` exactly (see
-``src/sim/engine.rs``): integer nanoseconds, one FIFO queue with head-of-line
+``sim/src/engine.rs``): integer nanoseconds, one FIFO queue with head-of-line
 blocking, admission with the prompt and ``output_length`` decode slots, an
 unchunked prefill on one serial lane, one decoded token every ``tpot``, the
 request freed after its last token; at equal times, token and free events

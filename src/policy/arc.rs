@@ -249,3 +249,177 @@ impl EvictionPolicy for Arc {
         self.lists.len(ONCE) + self.lists.len(REUSED)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn h(x: u128) -> BlockHash {
+        BlockHash(x << 1)
+    }
+
+    /// Stores `block` under `hash` and releases it at once.
+    fn store_free(p: &mut Arc, block: BlockId, hash: u128) {
+        p.on_store(block, h(hash), Retention::Keep, None);
+        p.insert(block);
+    }
+
+    #[test]
+    fn blocks_seen_once_go_before_reused_ones() {
+        let mut p = Arc::new(4).unwrap();
+        for b in 0..3 {
+            p.on_store(b, h(b as u128), Retention::Keep, None);
+        }
+        p.on_hit(1);
+        for b in (0..3).rev() {
+            p.insert(b);
+        }
+        assert_eq!(p.len(), 3);
+        // The target starts at 0: every seen-once block goes first, in free order.
+        assert_eq!(p.evict(), Some(2));
+        assert_eq!(p.evict(), Some(0));
+        assert_eq!(p.evict(), Some(1));
+        assert_eq!(p.evict(), None);
+    }
+
+    #[test]
+    fn a_revived_block_is_reused_and_outlives_newer_one_offs() {
+        let mut p = Arc::new(4).unwrap();
+        store_free(&mut p, 0, 10);
+        store_free(&mut p, 1, 11);
+        p.remove(0); // a request hits block 0 ...
+        p.on_hit(0);
+        p.insert(0); // ... and releases it
+        store_free(&mut p, 2, 12);
+        assert_eq!(p.evict(), Some(1));
+        assert_eq!(p.evict(), Some(2));
+        assert_eq!(p.evict(), Some(0));
+    }
+
+    #[test]
+    fn a_seen_once_block_coming_back_grows_the_target() {
+        let mut p = Arc::new(4).unwrap();
+        store_free(&mut p, 0, 10);
+        store_free(&mut p, 1, 11);
+        assert_eq!(p.evict(), Some(0)); // hash 10 goes to the once ghosts
+        assert_eq!(p.target, 0);
+        store_free(&mut p, 0, 10); // and comes back: reused, target 1
+        assert_eq!(p.target, 1);
+        assert_eq!(p.lists.record(0).class, Class::Reused);
+        // One seen-once block (1) is within the target now: the reused one goes first.
+        assert_eq!(p.evict(), Some(0));
+        assert_eq!(p.evict(), Some(1));
+    }
+
+    #[test]
+    fn a_reused_block_coming_back_shrinks_the_target() {
+        let mut p = Arc::new(4).unwrap();
+        store_free(&mut p, 0, 10);
+        assert_eq!(p.evict(), Some(0));
+        store_free(&mut p, 0, 10); // once ghost hit: target 1, block 0 reused
+        store_free(&mut p, 1, 11);
+        assert_eq!(p.evict(), Some(0)); // 1 seen-once <= target 1: reused goes
+        store_free(&mut p, 2, 10); // reused ghost hit: target back to 0
+        assert_eq!(p.target, 0);
+        assert_eq!(p.evict(), Some(1));
+    }
+
+    #[test]
+    fn a_dropped_block_is_forgotten_without_a_ghost() {
+        let mut p = Arc::new(4).unwrap();
+        store_free(&mut p, 0, 10);
+        p.on_store(1, h(11), Retention::Keep, None); // in use
+        p.remove(0);
+        p.forget(0);
+        p.forget(1);
+        assert_eq!((p.len(), p.cached_once), (0, 0));
+        // Stored again, neither counts as coming back from a ghost list.
+        store_free(&mut p, 0, 10);
+        store_free(&mut p, 1, 11);
+        assert_eq!(
+            (p.target, p.lists.record(0).class, p.lists.record(1).class),
+            (0, Class::Once, Class::Once)
+        );
+        assert_eq!(p.evict(), Some(0));
+    }
+
+    proptest! {
+        /// ARC's rule holds after any sequence of stores, releases, hits
+        /// and drops: the seen-once count matches the blocks, the target
+        /// stays in range, and each victim is the first released of the
+        /// seen-once blocks while more than `target` are cached, else of
+        /// the reused ones (the seen-once ones when none is reused).
+        #[test]
+        fn each_victim_follows_the_rule(
+            ops in prop::collection::vec((0..4u8, 0..12u128, any::<usize>()), 1..300),
+        ) {
+            const N: usize = 6;
+            let mut p = Arc::new(N).unwrap();
+            let mut free: Vec<BlockId> = (0..N as BlockId).collect();
+            let mut held: Vec<BlockId> = Vec::new();
+            // Evictable blocks in release order.
+            let mut released: Vec<BlockId> = Vec::new();
+            for (what, hash, pick) in ops {
+                match what {
+                    0 => {
+                        let b = match free.pop() {
+                            Some(b) => b,
+                            None => {
+                                let once = |b: &&BlockId| p.lists.record(**b).class == Class::Once;
+                                let first_once = released.iter().find(once);
+                                let first_reused = released.iter().find(|b| !once(b));
+                                let expected = match first_once {
+                                    Some(_) if p.cached_once > p.target => first_once,
+                                    _ => first_reused.or(first_once),
+                                }
+                                .copied();
+                                let Some(b) = p.evict() else {
+                                    prop_assert!(released.is_empty());
+                                    continue;
+                                };
+                                prop_assert_eq!(Some(b), expected);
+                                released.retain(|&x| x != b);
+                                b
+                            }
+                        };
+                        p.on_store(b, h(hash), Retention::Keep, None);
+                        held.push(b);
+                    }
+                    1 if !held.is_empty() => {
+                        let b = held.swap_remove(pick % held.len());
+                        p.insert(b);
+                        released.push(b);
+                    }
+                    2 if !released.is_empty() => {
+                        let b = released.remove(pick % released.len());
+                        p.remove(b);
+                        p.on_hit(b);
+                        prop_assert_eq!(p.lists.record(b).class, Class::Reused);
+                        held.push(b);
+                    }
+                    3 if released.len() + held.len() > 0 => {
+                        // Dropped on request: a held block, or an evictable one (removed first).
+                        let i = pick % (released.len() + held.len());
+                        let b = if i < held.len() {
+                            held.swap_remove(i)
+                        } else {
+                            let b = released.remove(i - held.len());
+                            p.remove(b);
+                            b
+                        };
+                        p.forget(b);
+                        free.push(b);
+                    }
+                    _ => {}
+                }
+                let once = (0..N as BlockId).filter(|&b| p.lists.record(b).class == Class::Once).count();
+                prop_assert_eq!(p.cached_once, once);
+                prop_assert!(p.target <= N);
+                prop_assert_eq!(p.len(), released.len());
+                prop_assert_eq!(p.len() + held.len() + free.len(), N);
+            }
+        }
+    }
+}

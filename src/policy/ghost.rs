@@ -123,7 +123,7 @@ impl GhostLists {
             .unwrap_or(0) as usize
     }
 
-    /// The entry's tag: 51 bits of the fingerprint mixed by another
+    /// The entry's tag: 52 bits of the fingerprint mixed by another
     /// multiplier than the bucket's (a caller's hashes need not be uniform
     /// in any bits), never 0.
     fn tag(fp: u64) -> Entry {

@@ -108,7 +108,9 @@ pub enum Retention {
     /// Kept like any stored block, by the policy's own rule.
     #[default]
     Keep,
-    /// On probation: evicted before kept blocks unless a later request hits them.
+    /// On probation: a hint for a policy of the caller's
+    /// ([`crate::BlockManager::with_policy`]) that keeps such blocks for less
+    /// long; the built-in policies always answer `Keep`.
     Probation,
 }
 

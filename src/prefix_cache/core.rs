@@ -153,6 +153,24 @@ pub fn fill_step<T, E>(
     Ok(())
 }
 
+/// Runs `fill(tokens, upto)` and checks it appended exactly up to `upto`:
+/// a caller's `fill` is not trusted with the prompt's length.
+pub(crate) fn filled(
+    fill: &mut dyn FnMut(&mut Vec<TokenId>, usize) -> Result<()>,
+    tokens: &mut Vec<TokenId>,
+    upto: usize,
+) -> Result<()> {
+    fill(tokens, upto)?;
+    if tokens.len() == upto {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "the prompt's fill left {} tokens where {upto} were due",
+            tokens.len()
+        )))
+    }
+}
+
 impl Prefixes {
     /// The hasher, an empty index and the settings of `config`.
     pub(crate) fn new(config: &CacheConfig) -> Self {
@@ -212,8 +230,9 @@ impl Prefixes {
     /// not in cache is then read from memory once, the next step's lines
     /// arriving while this one hashes ([`fill_step`] prefetches them), not
     /// copied whole first and hashed after. `fill(tokens, upto)` appends the
-    /// prompt's tokens up to `upto`, or fails (then so does this). Returns
-    /// the tokens and their chain.
+    /// prompt's tokens up to `upto`, or fails (then so does this); a `fill`
+    /// that leaves another length fails with [`Error::InvalidArgument`].
+    /// Returns the tokens and their chain.
     pub(crate) fn chain_filling(
         &self,
         len: usize,
@@ -223,15 +242,14 @@ impl Prefixes {
         let mut tokens = Vec::with_capacity(len);
         let mut chain = Chain::default();
         if !self.settings.enabled {
-            fill(&mut tokens, len)?;
+            filled(fill, &mut tokens, len)?;
             return Ok((tokens, chain));
         }
         let mut buf = Vec::with_capacity(16 + 4 * self.settings.block_size + 64);
         let step = FILL_BLOCKS * self.settings.block_size;
         while tokens.len() < len {
             let upto = (tokens.len() + step).min(len);
-            fill(&mut tokens, upto)?;
-            debug_assert_eq!(tokens.len(), upto, "fill appends up to `upto`");
+            filled(fill, &mut tokens, upto)?;
             self.hasher
                 .extend_chain_in_place(&mut tokens, keys, usize::MAX, &mut chain, &mut buf);
         }

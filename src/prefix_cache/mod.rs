@@ -13,7 +13,7 @@ mod invariants;
 mod pins;
 
 pub use self::core::fill_step;
-pub(crate) use self::core::{CacheState, Prefixes};
+pub(crate) use self::core::{filled, CacheState, Prefixes};
 
 use rustc_hash::FxHashMap;
 
